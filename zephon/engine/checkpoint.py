@@ -1,0 +1,141 @@
+"""Checkpoint state: plain JSON data, validated against a config fingerprint, merged across ranks.
+
+A checkpoint holds, per lane, where replay starts (the chunk of the last flush sentinel before the
+cursor), how many rows of that span were already delivered (the replay cursor), and the lane's
+delivered row count. Pointer lists and chunk contents are never stored: chunks are regenerated from
+``(lane, chunk_id)``, so the size is a few dozen bytes per lane whatever the chunk size or step.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+FORMAT = "zephon-checkpoint/1"
+LANE_KEYS = ("lane", "sentinel_chunk", "replay_cursor", "delivered_rows")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be applied: another config, missing lanes, or malformed."""
+
+
+def canonical_json(obj) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def digest(obj) -> str:
+    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()
+
+
+def summarize_config(config: dict) -> dict:
+    """A compact view of the config for "what differs" messages: dataset fingerprints (which list
+    every shard) are replaced by name, shard count, sample count and a digest."""
+    out = dict(config)
+    work = dict(out.get("work", {}))
+    if "datasets" in work:
+        work["datasets"] = [_dataset_summary(d) for d in work["datasets"]]
+    out["work"] = work
+    return out
+
+
+def _dataset_summary(fp):
+    if not isinstance(fp, dict):
+        return fp
+    shards = fp.get("shards", [])
+    return {"name": fp.get("name"), "num_shards": len(shards),
+            "num_samples": sum(s[1] for s in shards if isinstance(s, (list, tuple)) and len(s) > 1),
+            "columns": fp.get("columns"), "digest": digest(fp)[:16]}
+
+
+def config_diff(expected, found, path="") -> list[str]:
+    """Human-readable differences between two summarized configs, e.g.
+    ``["work.seed: checkpoint has 1, this loader has 0"]``."""
+    if isinstance(expected, dict) and isinstance(found, dict):
+        out = []
+        for k in sorted(set(expected) | set(found)):
+            p = f"{path}.{k}" if path else str(k)
+            if k not in expected:
+                out.append(f"{p}: only in the checkpoint ({found[k]!r})")
+            elif k not in found:
+                out.append(f"{p}: missing from the checkpoint (this loader has {expected[k]!r})")
+            else:
+                out.extend(config_diff(expected[k], found[k], p))
+        return out
+    if isinstance(expected, list) and isinstance(found, list) and len(expected) == len(found):
+        out = []
+        for i, (a, b) in enumerate(zip(expected, found)):
+            out.extend(config_diff(a, b, f"{path}[{i}]"))
+        return out
+    if expected != found:
+        return [f"{path}: checkpoint has {found!r}, this loader has {expected!r}"]
+    return []
+
+
+def validate(state, fingerprint: str, summary: dict, lanes=None) -> dict:
+    """Check ``state`` (a checkpoint dict) against this loader's config and, if ``lanes`` is given,
+    that each of them is present. Returns ``{lane: lane_state}``. Raises ``CheckpointError`` that says
+    what differs or which lanes are missing."""
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        fmt = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(f"not a Zephon checkpoint (format {fmt!r}, expected {FORMAT!r})")
+    if state.get("fingerprint") != fingerprint:
+        diffs = config_diff(summary, state.get("config", {}))
+        detail = "; ".join(diffs) if diffs else "fingerprints differ (dataset content or operator settings)"
+        raise CheckpointError(f"checkpoint was made with another config: {detail}")
+    by_lane = {}
+    for entry in state.get("lanes", []):
+        if not isinstance(entry, dict) or any(k not in entry for k in LANE_KEYS):
+            raise CheckpointError(f"malformed lane entry {entry!r}; expected keys {LANE_KEYS}")
+        if entry["lane"] in by_lane and by_lane[entry["lane"]] != entry:
+            raise CheckpointError(f"lane {entry['lane']} appears twice with different states")
+        by_lane[entry["lane"]] = entry
+    if lanes is not None:
+        missing = sorted(set(lanes) - set(by_lane))
+        if missing:
+            raise CheckpointError(f"checkpoint lacks lanes {missing} (it has {len(by_lane)} lanes: "
+                                  f"{_ranges(sorted(by_lane))}); merge every rank's state before restoring")
+    return by_lane
+
+
+def make_state(fingerprint: str, summary: dict, canonical_replicas: int, rows_per_step: int, lanes: list) -> dict:
+    """Assemble a checkpoint dict from per-lane entries (sorted by lane)."""
+    lanes = sorted(lanes, key=lambda e: e["lane"])
+    steps = [e["delivered_rows"] // rows_per_step for e in lanes]
+    return {"format": FORMAT, "fingerprint": fingerprint, "config": summary,
+            "canonical_replicas": canonical_replicas, "rows_per_lane_step": rows_per_step,
+            "step": min(steps) if steps else 0, "lanes": lanes}
+
+
+def merge_states(states) -> dict:
+    """Merge per-rank checkpoints into one global checkpoint that any dp_degree can restore.
+
+    ``states``: iterable of checkpoint dicts (each with a subset of the lanes). Raises
+    ``CheckpointError`` if fingerprints differ, a lane appears twice with different content, or any
+    of the ``canonical_replicas`` lanes is missing (named)."""
+    states = list(states)
+    if not states:
+        raise CheckpointError("no rank states to merge")
+    first = states[0]
+    for s in states:
+        validate(s, first.get("fingerprint"), first.get("config", {}))
+    merged: dict[int, dict] = {}
+    for s in states:
+        for e in s["lanes"]:
+            if e["lane"] in merged and merged[e["lane"]] != e:
+                raise CheckpointError(f"lane {e['lane']} is in two rank states with different content")
+            merged[e["lane"]] = e
+    r = first["canonical_replicas"]
+    missing = sorted(set(range(r)) - set(merged))
+    if missing:
+        raise CheckpointError(f"merged checkpoint lacks lanes {_ranges(missing)} of {r}: a rank's state is missing")
+    return make_state(first["fingerprint"], first["config"], r, first["rows_per_lane_step"], list(merged.values()))
+
+
+def _ranges(xs) -> str:
+    out, i = [], 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ", ".join(out) or "none"

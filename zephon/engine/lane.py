@@ -1,0 +1,185 @@
+"""One lane's serial side: dispatch order, sequence reordering, accumulators, flush sentinels, the
+row buffer and the replay cursor. All of it runs on the pump thread.
+
+Epochs (of the replay kind) are the spans between flush sentinels: every ``flush_every_k_chunks``
+chunks a sentinel follows the last unit of a chunk, and every accumulator flushes and resets when it
+passes. So the rows of epoch ``e`` are a pure function of chunks ``[e*K, (e+1)*K)``; a resume replays
+from the first chunk of the cursor's epoch and drops the rows already delivered.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from ..ops.base import RecordError
+from .stage import error_for
+
+SENTINEL = "sentinel"
+END = "end"
+
+
+class LaneState:
+    """Per-lane pipeline state.
+
+    ``chain``: operators after the worker stage, in order (accumulators get one instance per lane;
+    stateless ones run inline here). ``start``: the lane's checkpoint entry or None (fresh)."""
+
+    def __init__(self, lane: int, source, chain_ops, datasets, *, flush_every: int, unit_size: int,
+                 start: dict | None = None):
+        self.lane = lane
+        self.source = source
+        self.datasets = datasets
+        self.K = flush_every
+        self.unit_size = unit_size
+        self.chain = [(op, op.new_accumulator(lane) if op.stateful else None) for op in chain_ops]
+        start = start or {"sentinel_chunk": 0, "replay_cursor": 0, "delivered_rows": 0}
+        if start["sentinel_chunk"] % self.K:
+            raise ValueError(f"lane {lane}: sentinel_chunk {start['sentinel_chunk']} is not a multiple of "
+                             f"flush_every_k_chunks={self.K}")
+        self.epoch = start["sentinel_chunk"] // self.K          # epoch being produced
+        self.cursor_epoch = self.epoch                          # epoch of the next row to deliver
+        self.cursor_rows = start["replay_cursor"]               # rows of cursor_epoch delivered
+        self.delivered_rows = start["delivered_rows"]
+        self.replay_epoch, self.replay_skip = self.epoch, start["replay_cursor"]
+        self.replayed_rows = 0
+        self.produced = 0        # rows produced in self.epoch so far
+        self.sealed_rows = {}    # epoch -> final row count, once its sentinel passed
+        self.rows: deque = deque()  # (epoch, row) ready for the tail
+        # dispatch side
+        self.next_chunk = self.epoch * self.K
+        self.cur = None          # ChunkPointers being cut into units
+        self.cur_offset = 0
+        self.source_done = False
+        self.seq_dispatch = 0
+        self.seq_release = 0
+        self.pending: dict[int, object] = {}  # seq -> Future | SENTINEL | END
+        self.finished = False    # END released: no more rows will come
+        # stats
+        self.skipped = 0
+        self.skipped_messages: list[str] = []
+        self.filtered = 0
+
+    # -- dispatch ---------------------------------------------------------------------------
+    def inflight(self) -> int:
+        return sum(1 for p in self.pending.values() if p not in (SENTINEL, END))
+
+    def can_dispatch(self) -> bool:
+        return not self.source_done
+
+    def dispatch(self, runner) -> None:
+        """Submit the next unit of work (and any sentinel/end marker that follows it)."""
+        if self.cur is None:
+            n = self.source.num_chunks(self.lane)
+            if n is not None and self.next_chunk >= n:
+                self._enqueue(END)
+                self.source_done = True
+                return
+            self.cur = self.source.chunk(self.lane, self.next_chunk)
+            self.cur_offset = 0
+        stop = min(len(self.cur), self.cur_offset + self.unit_size)
+        if stop > self.cur_offset:
+            self._enqueue(runner.submit(self.cur.slice(self.cur_offset, stop)))
+        self.cur_offset = stop
+        if self.cur_offset >= len(self.cur):
+            self.cur = None
+            self.next_chunk += 1
+            if self.next_chunk % self.K == 0:
+                self._enqueue(SENTINEL)
+
+    def _enqueue(self, item) -> None:
+        self.pending[self.seq_dispatch] = item
+        self.seq_dispatch += 1
+
+    # -- release (sequence reorder) ---------------------------------------------------------------
+    def release(self, block: bool) -> bool:
+        """Release results in sequence order into the accumulators. With ``block``, wait for the next
+        one. Returns whether anything was released. Raises ``DataError`` for bad data."""
+        released = False
+        while self.seq_release in self.pending:
+            item = self.pending[self.seq_release]
+            if item not in (SENTINEL, END):
+                if not item.done() and not (block and not released):
+                    break
+                res = item.result()
+                self._absorb(res)
+            del self.pending[self.seq_release]
+            self.seq_release += 1
+            released = True
+            if item is SENTINEL or item is END:
+                self._emit(self._flush_chain())
+                self.sealed_rows[self.epoch] = self.produced
+                self.epoch += 1
+                self.produced = 0
+                if item is END:
+                    self.finished = True
+                    self.pending.clear()
+                    break
+        return released
+
+    def _absorb(self, res) -> None:
+        if res.error is not None:
+            raise res.error
+        self.skipped += res.skipped
+        room = 20 - len(self.skipped_messages)
+        self.skipped_messages.extend(res.skipped_messages[:max(0, room)])
+        self.filtered += res.filtered
+        self._emit(self._push_chain(res.records))
+
+    def _push_chain(self, records: list) -> list:
+        try:
+            for op, acc in self.chain:
+                if acc is None:
+                    records = op.process_many(records)
+                else:
+                    out = []
+                    for r in records:
+                        out.extend(acc.push(r))
+                    records = out
+        except RecordError as e:
+            raise error_for(self.datasets, e.src, str(e)) from None
+        return records
+
+    def _flush_chain(self) -> list:
+        carry: list = []
+        try:
+            for op, acc in self.chain:
+                if acc is None:
+                    carry = op.process_many(carry)
+                else:
+                    out = []
+                    for r in carry:
+                        out.extend(acc.push(r))
+                    carry = out + acc.flush()
+        except RecordError as e:
+            raise error_for(self.datasets, e.src, str(e)) from None
+        return carry
+
+    def _emit(self, rows: list) -> None:
+        for row in rows:
+            self.produced += 1
+            if self.epoch == self.replay_epoch and self.produced <= self.replay_skip:
+                self.replayed_rows += 1  # delivered before the checkpoint: regenerate, don't repeat
+                continue
+            self.rows.append((self.epoch, row))
+
+    # -- tail side ----------------------------------------------------------------------------
+    def take(self, n: int) -> list:
+        """Pop up to ``n`` rows and advance the replay cursor (they count as delivered)."""
+        out = []
+        while self.rows and len(out) < n:
+            e, row = self.rows.popleft()
+            if e != self.cursor_epoch:
+                self.cursor_epoch, self.cursor_rows = e, 0
+                self.sealed_rows = {k: v for k, v in self.sealed_rows.items() if k >= e}
+            self.cursor_rows += 1
+            self.delivered_rows += 1
+            out.append(row)
+        return out
+
+    def state(self) -> dict:
+        """This lane's checkpoint entry (plain JSON data)."""
+        e, r = self.cursor_epoch, self.cursor_rows
+        if self.sealed_rows.get(e) == r:  # that span is fully delivered: resume at the next one
+            e, r = e + 1, 0
+        return {"lane": self.lane, "sentinel_chunk": e * self.K, "replay_cursor": r,
+                "delivered_rows": self.delivered_rows}
+

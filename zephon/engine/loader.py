@@ -1,0 +1,203 @@
+"""The Loader: one data-parallel rank's view of the deterministic pipeline.
+
+Data flow: WorkSource chunks -> units on the runner's workers (read + stateless operators) ->
+per-lane sequence reorder -> per-lane accumulators on the pump (the iterating thread), with flush
+sentinels every ``flush_every_k_chunks`` chunks -> per-lane row buffers -> tail multiplexer
+(strict round-robin over the owned lanes) -> micro-batches.
+"""
+from __future__ import annotations
+
+import logging
+
+from ..ops.batch import Batch, collate
+from ..work import WorkSource, lanes_for_rank
+from . import checkpoint as ckpt
+from .lane import LaneState
+from .runners import Runner, make_runner
+from .stage import WorkStage
+
+log = logging.getLogger("zephon")
+
+
+class Loader:
+    """Deterministic, elastic loader for one rank.
+
+    Args:
+        datasets: ``formats.Dataset`` list (``open_dataset``).
+        ops: operators in order, e.g. ``[Decode(), Tokenize(tok, max_length=2048), Pack(2048),
+            Shuffle(512), Batch(micro_batch_size=2)]``. A final ``Batch`` gives the micro-batch size and
+            ``drop_last`` (default ``Batch(1)``). Leading stateless operators run on workers; the rest on
+            the pump, one accumulator per lane.
+        weights, seed, shuffle, shuffle_block_size, exhaustion, chunk_size, canonical_replicas: the
+            ``WorkSource`` (see there). ``canonical_replicas`` = number of lanes, fixed for the run.
+        global_batch_size: rows per global step, a multiple of ``canonical_replicas`` (default
+            ``canonical_replicas * micro_batch_size``). Each lane gives ``global_batch_size /
+            canonical_replicas`` rows per step, in micro-batches of ``micro_batch_size`` rows.
+        flush_every_k_chunks: chunks between flush sentinels (bounds resume cost and padding).
+        dp_degree, dp_rank, lane_assignment: this rank's lanes (``work.lanes_for_rank``).
+        runner: ``"inline"``, ``"threads"``, ``"processes"`` or a ``Runner`` to share; ``num_workers``.
+        unit_size: pointers per unit of worker work (a performance knob only).
+    Iterating yields micro-batch dicts (``ops.collate`` of rows) with ``__lane__``, ``__step__`` and
+    ``__micro__``; within a step, micro-batch ``j`` of every owned lane in lane order, then ``j + 1``.
+    Raises ``TopologyError`` for a dp_degree that does not divide ``canonical_replicas``, ``ValueError``
+    for inconsistent batch sizes, ``formats.DataError`` for bad input while iterating.
+    """
+
+    def __init__(self, datasets, ops, *, weights=None, seed: int = 0, canonical_replicas: int = 8,
+                 chunk_size: int = 1024, global_batch_size: int | None = None, shuffle: bool = True,
+                 shuffle_block_size: int | None = None, exhaustion: str = "repeat",
+                 flush_every_k_chunks: int = 4, dp_degree: int = 1, dp_rank: int = 0,
+                 lane_assignment: str = "contiguous", runner="threads", num_workers: int = 2,
+                 unit_size: int = 256):
+        self.datasets = list(datasets)
+        ops = list(ops)
+        self.batch = ops.pop() if ops and isinstance(ops[-1], Batch) else Batch(1)
+        if any(isinstance(op, Batch) for op in ops):
+            raise ValueError("Batch must be the last operator")
+        self.ops = ops
+        self.source = WorkSource(self.datasets, weights, seed=seed, canonical_replicas=canonical_replicas,
+                                 chunk_size=chunk_size, shuffle=shuffle, shuffle_block_size=shuffle_block_size,
+                                 exhaustion=exhaustion)
+        self.canonical_replicas = canonical_replicas
+        m = self.batch.micro_batch_size
+        self.global_batch_size = global_batch_size or canonical_replicas * m
+        if self.global_batch_size % canonical_replicas:
+            raise ValueError(f"global_batch_size={self.global_batch_size} is not a multiple of "
+                             f"canonical_replicas={canonical_replicas}")
+        self.rows_per_step = self.global_batch_size // canonical_replicas
+        if self.rows_per_step % m:
+            raise ValueError(f"micro_batch_size={m} does not divide the {self.rows_per_step} rows each lane "
+                             f"gives per step (global_batch_size / canonical_replicas)")
+        if flush_every_k_chunks < 1:
+            raise ValueError(f"flush_every_k_chunks must be >= 1, got {flush_every_k_chunks}")
+        self.flush_every = flush_every_k_chunks
+        self.unit_size = max(1, unit_size)
+        self.dp_degree, self.dp_rank = dp_degree, dp_rank
+        self.lanes = lanes_for_rank(canonical_replicas, dp_degree, dp_rank, lane_assignment)
+        n_work = next((i for i, op in enumerate(ops) if op.stateful), len(ops))
+        self.stage = WorkStage(self.datasets, ops[:n_work])
+        self.chain_ops = ops[n_work:]
+        self._runner_spec, self.num_workers = runner, num_workers
+        self._runner: Runner | None = runner if isinstance(runner, Runner) else None
+        self._owns_runner = not isinstance(runner, Runner)
+        self.config = {"version": 1, "work": self.source.fingerprint(),
+                       "ops": [op.fingerprint() for op in ops] + [self.batch.fingerprint()],
+                       "global_batch_size": self.global_batch_size, "flush_every_k_chunks": self.flush_every}
+        self.fingerprint = ckpt.digest(self.config)
+        self.summary = ckpt.summarize_config(self.config)
+        self._state: dict[int, LaneState] = {}
+        self._pending: dict | None = None
+        self.dropped_rows = 0
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def checkpoint(self) -> dict:
+        """This rank's state: JSON-serialisable, a few dozen bytes per owned lane. Reflects what was
+        yielded so far. Merge all ranks' states with ``merge_states`` to restore at another dp_degree."""
+        if self._pending is not None:
+            entries = [self._pending[lane] for lane in self.lanes]
+        elif self._state:
+            entries = [self._state[lane].state() for lane in self.lanes]
+        else:
+            entries = [{"lane": lane, "sentinel_chunk": 0, "replay_cursor": 0, "delivered_rows": 0}
+                       for lane in self.lanes]
+        return ckpt.make_state(self.fingerprint, self.summary, self.canonical_replicas, self.rows_per_step, entries)
+
+    def restore(self, state: dict) -> None:
+        """Validate ``state`` now (raises ``CheckpointError`` saying what differs or which lanes are
+        missing); apply it when iteration next starts. A global (merged) or this rank's own state."""
+        by_lane = ckpt.validate(state, self.fingerprint, self.summary, lanes=self.lanes)
+        for lane in self.lanes:
+            e = by_lane[lane]
+            if e["sentinel_chunk"] % self.flush_every or min(e["sentinel_chunk"], e["replay_cursor"],
+                                                             e["delivered_rows"]) < 0:
+                raise ckpt.CheckpointError(f"lane {lane}: invalid entry {e}")
+        self._pending = {lane: dict(by_lane[lane]) for lane in self.lanes}
+
+    # -- iteration ------------------------------------------------------------------------------
+    def _start(self) -> None:
+        if self._pending is not None:
+            entries = self._pending
+        else:  # a new iteration continues where the last one stopped
+            entries = {lane: st.state() for lane, st in self._state.items()}
+        self._pending = None
+        if self._runner is None:
+            self._runner = make_runner(self._runner_spec, self.stage, self.num_workers)
+        self._state = {lane: LaneState(lane, self.source, self.chain_ops, self.datasets, flush_every=self.flush_every,
+                                       unit_size=self.unit_size, start=entries.get(lane)) for lane in self.lanes}
+
+    def __iter__(self):
+        self._start()
+        lanes = self._state
+        rps, m = self.rows_per_step, self.batch.micro_batch_size
+        while True:
+            steps = {}
+            for lane in self.lanes:
+                self._ensure(lane, rps)
+                st = lanes[lane]
+                have = len(st.rows)
+                if have >= rps or (have and not self.batch.drop_last):
+                    steps[lane] = st.delivered_rows // rps
+                elif have:  # a finite stream's last, incomplete step of this lane
+                    self.dropped_rows += len(st.take(have))
+            if not steps:
+                return
+            for j in range(rps // m):
+                for lane, step in steps.items():
+                    rows = lanes[lane].take(m)
+                    if rows:
+                        mb = collate(rows)
+                        mb["__lane__"], mb["__step__"], mb["__micro__"] = lane, step, j
+                        yield mb
+
+    def _ensure(self, lane: int, n: int) -> None:
+        st = self._state[lane]
+        while len(st.rows) < n and not st.finished:
+            self._fill(lane)
+            st.release(block=True)
+
+    def _fill(self, priority: int) -> None:
+        """Keep the runner busy: first the lane the tail waits on, then the next lanes in tail order
+        whose buffers are short. Dispatch order never changes output (per-lane sequence numbers)."""
+        runner, lanes = self._runner, self._state
+        st = lanes[priority]
+        if not st.pending and st.can_dispatch():
+            st.dispatch(runner)
+        inflight = sum(s.inflight() for s in lanes.values())
+        order = self.lanes[self.lanes.index(priority):] + self.lanes[:self.lanes.index(priority)]
+        progress = True
+        while inflight < runner.capacity and progress:
+            progress = False
+            for lane in order:
+                s = lanes[lane]
+                if not s.can_dispatch() or (lane != priority and (len(s.rows) >= self.rows_per_step
+                                                                   or s.inflight() >= 1)):
+                    continue
+                before = s.inflight()
+                s.dispatch(runner)
+                inflight += s.inflight() - before
+                progress = True
+                if inflight >= runner.capacity:
+                    break
+
+    # -- reporting ------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Counts since this loader started iterating: ``skipped`` samples (bad input in skip mode, with
+        up to 20 ``skipped_messages``), ``filtered`` records, ``replayed_rows`` regenerated on resume
+        and not re-delivered, ``dropped_rows`` (incomplete last steps with drop_last), ``delivered_rows``."""
+        sts = list(self._state.values())
+        msgs = [m for s in sts for m in s.skipped_messages][:20]
+        return {"skipped": sum(s.skipped for s in sts), "skipped_messages": msgs,
+                "filtered": sum(s.filtered for s in sts), "replayed_rows": sum(s.replayed_rows for s in sts),
+                "dropped_rows": self.dropped_rows, "delivered_rows": sum(s.delivered_rows for s in sts)}
+
+    def close(self) -> None:
+        """Stop worker threads/processes this loader started (a shared runner is left running)."""
+        if self._runner is not None and self._owns_runner:
+            self._runner.close()
+            self._runner = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,98 @@
+"""Turn a user's ``source`` (directory, glob, file, or a list of those) into an ordered file list."""
+from __future__ import annotations
+
+import glob
+import os
+from typing import Iterable
+
+from .errors import DataError
+
+# Extension -> format. Compressed JSON Lines keep the inner extension (a.jsonl.gz, a.jsonl.zst).
+_JSONL_BASES = (".jsonl", ".json", ".ndjson")
+_COMPRESSIONS = ("", ".gz", ".zst", ".zstd")
+EXTENSIONS: dict[str, str] = {b + c: "jsonl" for b in _JSONL_BASES for c in _COMPRESSIONS}
+EXTENSIONS.update({".parquet": "parquet", ".pq": "parquet"})
+FORMATS = ("jsonl", "parquet")
+
+
+def format_of(path: str) -> str | None:
+    """``"jsonl"`` or ``"parquet"`` from the file name's extension (case-insensitive), else None."""
+    lower = path.lower()
+    for ext in sorted(EXTENSIONS, key=len, reverse=True):  # longest first: .jsonl.gz before .gz
+        if lower.endswith(ext):
+            return EXTENSIONS[ext]
+    return None
+
+
+def _is_hidden(rel: str) -> bool:
+    return any(part.startswith(".") for part in rel.split(os.sep))
+
+
+def _scan_dir(d: str, fmt: str | None) -> list[str]:
+    # Sorted by path relative to d so the order does not depend on the file system. Hidden files and
+    # directories are skipped (index caches live there); symlinked directories are not followed.
+    found = []
+    for root, _dirs, files in os.walk(d):
+        for f in files:
+            full = os.path.join(root, f)
+            rel = os.path.relpath(full, d)
+            if _is_hidden(rel):
+                continue
+            ff = format_of(f)
+            if ff is not None and (fmt is None or ff == fmt):
+                found.append((rel.replace(os.sep, "/"), full))
+    if not found:
+        kinds = fmt or "supported"
+        raise DataError(f"no {kinds} files in directory (extensions: {', '.join(sorted(EXTENSIONS))})", path=d)
+    return [full for _, full in sorted(found)]
+
+
+def _has_magic(s: str) -> bool:
+    return any(c in s for c in "*?[")
+
+
+def expand_source(source, fmt: str | None = None) -> list[tuple[str, str]]:
+    """Files of ``source`` in order, as ``[(absolute_path, format), ...]``.
+
+    source: a directory (every supported file under it, recursively, sorted by relative path), a glob
+    pattern (``**`` allowed; matches sorted; files of unknown type skipped unless fmt is given), a file path, or a list
+    of those (concatenated in list order). fmt: force a format ("jsonl"/"parquet") instead of going
+    by extension; in directories and globs it also selects which files are taken.
+    Raises DataError when nothing matches, a listed file has an unknown extension, or a file is listed twice.
+    """
+    items: Iterable = source if isinstance(source, (list, tuple)) else [source]
+    files: list[str] = []
+    for item in items:
+        s = os.fspath(item)
+        if os.path.isdir(s):
+            files.extend(_scan_dir(s, fmt))
+        elif os.path.isfile(s):
+            files.append(s)
+        elif _has_magic(s):
+            matched = []
+            for m in sorted(glob.glob(s, recursive=True)):
+                if os.path.isdir(m):
+                    continue
+                ff = format_of(m)
+                # The user wrote the pattern: with a forced format take any file not known to be
+                # another format (e.g. *.txt as jsonl); without one take only known extensions.
+                if (ff is not None and fmt is None) or (fmt is not None and ff in (None, fmt)):
+                    matched.append(m)
+            if not matched:
+                raise DataError("no supported files matched this pattern", path=s)
+            files.extend(matched)
+        else:
+            raise DataError("no such file or directory", path=s)
+    out, seen = [], set()
+    for f in files:
+        ap = os.path.abspath(f)
+        if ap in seen:
+            raise DataError("file listed twice in the source", path=ap)
+        seen.add(ap)
+        ff = fmt or format_of(ap)
+        if ff is None:
+            raise DataError(f"unknown file type; pass format= (extensions: {', '.join(sorted(EXTENSIONS))})", path=ap)
+        out.append((ap, ff))
+    if not out:
+        raise DataError(f"no files matched source {source!r}")
+    return out

@@ -1,0 +1,56 @@
+"""Errors and warnings raised by the format readers."""
+from __future__ import annotations
+
+
+class DataError(ValueError):
+    """Bad input data (not a bug in the caller).
+
+    ``str()`` names the file, the shard id, the sample index and the 1-based line number when they
+    are known, then the reason, e.g.::
+
+        /data/a.jsonl (shard 3, sample 17, line 18): invalid JSON: Expecting ',' delimiter (column 9)
+
+    Attributes ``path``, ``shard``, ``sample``, ``line`` (each ``None`` when unknown) and ``reason``
+    (the bare message) stay available for callers that count or report errors.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, shard: int | None = None,
+                 sample: int | None = None, line: int | None = None):
+        self.reason = message
+        self.path = path
+        self.shard = shard
+        self.sample = sample
+        self.line = line
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = [f"{k} {v}" for k, v in (("shard", self.shard), ("sample", self.sample), ("line", self.line))
+                 if v is not None]
+        head = self.path or ""
+        if where:
+            head = f"{head} ({', '.join(where)})" if head else f"({', '.join(where)})"
+        return f"{head}: {self.reason}" if head else self.reason
+
+    def __str__(self) -> str:
+        return self._format()
+
+    def __reduce__(self):
+        # Keyword-only arguments are lost by the default exception pickling; errors cross process
+        # boundaries in the process runner, so rebuild from all fields.
+        return (_rebuild, (self.reason, self.path, self.shard, self.sample, self.line))
+
+    def located(self, *, path: str | None = None, shard: int | None = None,
+                sample: int | None = None, line: int | None = None) -> "DataError":
+        """A copy with the missing location fields filled in (known fields are kept)."""
+        return DataError(self.reason, path=self.path if self.path is not None else path,
+                         shard=self.shard if self.shard is not None else shard,
+                         sample=self.sample if self.sample is not None else sample,
+                         line=self.line if self.line is not None else line)
+
+
+def _rebuild(reason, path, shard, sample, line):
+    return DataError(reason, path=path, shard=shard, sample=sample, line=line)
+
+
+class DataWarning(UserWarning):
+    """Bad input that was skipped because the caller asked for ``on_error="skip"`` (e.g. an empty file)."""

@@ -1,0 +1,96 @@
+"""On-disk cache of per-file int64 index arrays (JSONL line offsets), so reopening a dataset is cheap.
+
+Where: next to the data as a hidden ``.{filename}.zephon-idx.npz`` when that directory is writable,
+else in ``cache_dir`` (default ``$ZEPHON_CACHE_DIR`` or ``~/.cache/zephon``) under a name keyed by a
+hash of the absolute path. Validity: the entry stores the data file's size and mtime_ns and a format
+version; any mismatch means rebuild. Files are plain ``.npz`` read with ``allow_pickle=False`` (never
+pickle) and written atomically (temporary file + ``os.replace``) so concurrent processes are safe:
+readers see either the old or the new complete file.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import zipfile
+from typing import Callable
+
+import numpy as np
+
+VERSION = 1  # bump when the meaning of the stored arrays changes
+
+
+def default_cache_dir() -> str:
+    """``$ZEPHON_CACHE_DIR`` if set, else ``~/.cache/zephon`` (read at call time, not import time)."""
+    return os.environ.get("ZEPHON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "zephon")
+
+
+def sidecar_path(path: str) -> str:
+    """The hidden cache file next to the data file ``path``."""
+    d, name = os.path.split(os.path.abspath(path))
+    return os.path.join(d, f".{name}.zephon-idx.npz")
+
+
+def fallback_path(path: str, cache_dir: str | None) -> str:
+    """The cache file for ``path`` inside ``cache_dir`` (None = ``default_cache_dir()``)."""
+    ap = os.path.abspath(path)
+    digest = hashlib.sha256(ap.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    return os.path.join(cache_dir or default_cache_dir(), f"{digest}-{os.path.basename(ap)}.zephon-idx.npz")
+
+
+def _stamp(path: str, kind: str) -> np.ndarray:
+    st = os.stat(path)
+    kind_code = int.from_bytes(hashlib.sha256(kind.encode()).digest()[:7], "little")
+    return np.array([VERSION, st.st_size, st.st_mtime_ns, kind_code], dtype=np.int64)
+
+
+def _load(cache_file: str, stamp: np.ndarray) -> np.ndarray | None:
+    try:
+        with np.load(cache_file, allow_pickle=False) as z:
+            if np.array_equal(z["stamp"], stamp):
+                return z["index"]
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
+        pass  # missing, stale format or damaged: treat as a miss and rebuild
+    return None
+
+
+def _save(cache_file: str, index: np.ndarray, stamp: np.ndarray) -> bool:
+    d = os.path.dirname(cache_file)
+    tmp = None
+    try:
+        os.makedirs(d, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".zephon-idx-", suffix=".tmp", dir=d)
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, index=index, stamp=stamp)
+        os.replace(tmp, cache_file)
+        return True
+    except OSError:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        return False
+
+
+def load_or_build(path: str, kind: str, build: Callable[[], np.ndarray],
+                  cache_dir: str | None = None) -> np.ndarray:
+    """The cached index array of ``path``, or ``build()`` it and store it.
+
+    kind: names the index type (part of the validity stamp). build: returns a 1-D int64 array.
+    Errors from ``build`` propagate; a cache that cannot be written is silently skipped (the index
+    is then rebuilt on every open). If the file changes while being indexed, the result is returned
+    but not stored.
+    """
+    stamp = _stamp(path, kind)
+    candidates = (sidecar_path(path), fallback_path(path, cache_dir))
+    for cache_file in candidates:
+        index = _load(cache_file, stamp)
+        if index is not None:
+            return index
+    index = np.ascontiguousarray(build(), dtype=np.int64)
+    if np.array_equal(_stamp(path, kind), stamp):
+        for cache_file in candidates:
+            if _save(cache_file, index, stamp):
+                break
+    return index

@@ -1,0 +1,219 @@
+"""JSON Lines shards: one JSON object per non-blank line, plain or gzip/zstd compressed.
+
+Extensions: .jsonl, .json, .ndjson, each optionally followed by .gz or .zst/.zstd (see
+``discovery.py``). A line holding only JSON whitespace (space, tab, CR, LF) is not a sample; every
+other line is one, so a line that is not valid JSON is reported, never dropped.
+
+Random access comes from a line index: an int64 array ``offsets`` of length ``num_samples + 1``
+where sample ``i`` is the bytes ``[offsets[i], offsets[i+1])`` of the decompressed stream and the
+last entry is the stream length. A span may carry the line's newline and any blank lines after it,
+which ``json.loads`` ignores as trailing whitespace. Plain files are read with ``os.pread`` (no
+shared file position, so threads can share a reader); compressed files are decompressed whole into
+memory once (see ``compression.py``) and sliced.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .compression import codec_of, iter_blocks, load_decompressed
+from .errors import DataError
+from .index_cache import load_or_build
+
+INDEX_KIND = "jsonl-line-offsets"
+_MAX_SPAN = 16 << 20  # coalesce neighbouring samples into one read up to this many bytes
+_JSON_TYPE_NAMES = {list: "an array", str: "a string", int: "a number", float: "a number",
+                    bool: "a boolean", type(None): "null"}
+
+
+def build_line_index(blocks: Iterable[bytes]) -> np.ndarray:
+    """Line index of a byte stream given as consecutive blocks.
+
+    Returns int64 ``[start_0, ..., start_{n-1}, total_length]`` over the n non-blank lines.
+    Vectorised per block (newline search and a per-line "any non-whitespace byte" reduction), so the
+    cost is a few ms per MiB and memory is a small multiple of one block.
+    """
+    out: list[np.ndarray] = []
+    pos = 0                 # stream offset of the current block
+    line_start = 0          # stream offset where the line being scanned began
+    line_has_text = False   # whether that line has a non-whitespace byte so far
+    for block in blocks:
+        arr = np.frombuffer(block, dtype=np.uint8)
+        if arr.size == 0:
+            continue
+        text = (arr != 32) & (arr != 10) & (arr != 9) & (arr != 13)  # JSON whitespace is exactly these
+        nl = np.flatnonzero(arr == 10)
+        # Segments of this block: [0, nl0+1), [nl0+1, nl1+1), ..., and a partial one after the last
+        # newline unless the block ends with it. The first segment continues the carried line.
+        seg = np.concatenate(([0], nl + 1))
+        if seg[-1] == arr.size:
+            seg = seg[:-1]
+        has_text = np.logical_or.reduceat(text, seg)
+        has_text[0] |= line_has_text
+        starts = pos + seg.astype(np.int64)
+        starts[0] = line_start
+        done = len(nl)  # segments ending in a newline are complete lines
+        out.append(starts[:done][has_text[:done]])
+        if done < len(seg):
+            line_start, line_has_text = int(starts[-1]), bool(has_text[-1])
+        else:
+            line_start, line_has_text = pos + arr.size, False
+        pos += arr.size
+    if line_has_text:  # final line without a trailing newline
+        out.append(np.array([line_start], dtype=np.int64))
+    out.append(np.array([pos], dtype=np.int64))
+    return np.concatenate(out).astype(np.int64, copy=False)
+
+
+class JsonlReader:
+    """Random-access reader of one JSON Lines shard.
+
+    path: absolute file path. shard: shard id, only used in error messages. columns: if given,
+    records must have these keys and are projected to them (in that order). cache_dir: fallback
+    index cache directory (see ``index_cache``). Opening builds or loads the line index and raises
+    DataError for a truncated/corrupt compressed stream, OSError if the file cannot be read.
+    """
+
+    format = "jsonl"
+
+    def __init__(self, path: str, *, shard: int | None = None, columns: Sequence[str] | None = None,
+                 cache_dir: str | None = None):
+        self.path = path
+        self.shard = shard
+        self.columns = tuple(columns) if columns is not None else None
+        self.compressed = codec_of(path) is not None
+        self._fd: int | None = None
+        self._line_numbers: np.ndarray | None = None  # built on the first error
+        self._lock = threading.Lock()
+        try:
+            self.offsets = load_or_build(path, INDEX_KIND, lambda: build_line_index(iter_blocks(path)),
+                                         cache_dir)
+        except DataError as e:
+            raise e.located(path=path, shard=shard) from e
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.offsets) - 1
+
+    def read(self, indices: Sequence[int], on_error: str = "raise") -> list[dict]:
+        """Records for ``indices`` (already range-checked by the caller), in the given order.
+
+        Each occurrence of a repeated index gets its own dict. on_error="skip" turns a bad sample
+        into ``{"__error__": str(DataError)}``; "raise" raises the DataError.
+        """
+        wanted = sorted(set(int(i) for i in indices))
+        raw = self._raw(wanted) if wanted else {}
+        out = []
+        for i in indices:
+            i = int(i)
+            try:
+                out.append(self._parse(i, raw[i]))
+            except DataError as e:
+                if on_error != "skip":
+                    raise
+                out.append({"__error__": str(e)})
+        return out
+
+    def first_keys(self) -> list[str]:
+        """Keys of the first record (unprojected), for ``inspect``; [] for an empty shard."""
+        if self.num_samples == 0:
+            return []
+        rec = self._parse(0, self._raw([0])[0], project=False)
+        return list(rec)
+
+    def _raw(self, wanted: list[int]) -> dict[int, bytes]:
+        off = self.offsets
+        if self.compressed:
+            data = load_decompressed(self.path)
+            if len(data) != off[-1]:
+                raise DataError("file changed since it was indexed", path=self.path, shard=self.shard)
+            return {i: data[off[i]:off[i + 1]] for i in wanted}
+        raw = {}
+        for a, b in _runs(wanted, off):
+            lo, hi = int(off[a]), int(off[b + 1])
+            buf = self._pread(hi - lo, lo)
+            if len(buf) != hi - lo:
+                raise DataError("file is shorter than its index (changed since it was indexed?)",
+                                path=self.path, shard=self.shard, sample=a)
+            for i in range(a, b + 1):
+                raw[i] = buf[int(off[i]) - lo:int(off[i + 1]) - lo]
+        return raw
+
+    def _pread(self, n: int, at: int) -> bytes:
+        if self._fd is None:
+            with self._lock:
+                if self._fd is None:
+                    self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        if hasattr(os, "pread"):
+            return os.pread(self._fd, n, at)
+        with self._lock:  # no pread (Windows): serialise seek + read
+            os.lseek(self._fd, at, os.SEEK_SET)
+            return os.read(self._fd, n)
+
+    def _parse(self, i: int, raw: bytes, project: bool = True) -> dict:
+        try:
+            rec = json.loads(raw)
+        except json.JSONDecodeError as e:
+            where = f" (column {e.colno})" if e.lineno == 1 else f" ({e})"
+            self._fail(i, f"invalid JSON: {e.msg}{where}")
+        except UnicodeDecodeError as e:
+            self._fail(i, f"invalid UTF-8: {e}")
+        except RecursionError:
+            self._fail(i, "invalid JSON: nested too deeply")
+        if not isinstance(rec, dict):
+            kind = _JSON_TYPE_NAMES.get(type(rec), type(rec).__name__)
+            self._fail(i, f"expected a JSON object, got {kind}")
+        if project and self.columns is not None:
+            missing = [c for c in self.columns if c not in rec]
+            if missing:
+                self._fail(i, f"missing column {missing[0]!r} (record has: {', '.join(map(repr, rec))})")
+            rec = {c: rec[c] for c in self.columns}
+        return rec
+
+    def _fail(self, i: int, reason: str):
+        if self.path.lower().split(".")[-1] == "json" and i == 0:
+            reason += " (.json files are read as JSON Lines: one object per line)"
+        raise DataError(reason, path=self.path, shard=self.shard, sample=i, line=self._line_number(i))
+
+    def _line_number(self, i: int) -> int:
+        """1-based line number of sample i. Error path only: the first call counts the newlines of
+        the whole stream once (so skip mode over many bad lines stays linear), later calls look up."""
+        with self._lock:
+            if self._line_numbers is None:
+                data = [load_decompressed(self.path)] if self.compressed else iter_blocks(self.path)
+                newlines, pos = [], 0
+                for block in data:
+                    newlines.append(np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10) + pos)
+                    pos += len(block)
+                nl = np.concatenate(newlines) if newlines else np.zeros(0, dtype=np.int64)
+                self._line_numbers = np.searchsorted(nl, self.offsets[:-1]) + 1
+        return int(self._line_numbers[i])
+
+    def close(self) -> None:
+        """Release the file descriptor (the reader reopens it if used again)."""
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _runs(wanted: list[int], off: np.ndarray):
+    """Split sorted unique sample ids into runs of consecutive ids spanning at most _MAX_SPAN bytes."""
+    a = prev = wanted[0]
+    for i in wanted[1:]:
+        if i == prev + 1 and off[i + 1] - off[a] <= _MAX_SPAN:
+            prev = i
+            continue
+        yield a, prev
+        a = prev = i
+    yield a, prev

@@ -1,0 +1,51 @@
+"""Operator and accumulator protocols.
+
+An operator is a pipeline step. Stateless operators implement ``process_many(records) -> records``:
+they may run on any worker, in any order, in batches of any size, and must give the same output per
+record regardless. Stateful operators implement ``new_accumulator(lane) -> Accumulator``: the per-lane,
+in-order state (packing bins, shuffle buffer, mixture deficits) that runs on the pump only.
+
+Records are dicts. Keys starting with ``__`` are metadata the engine sets and reads:
+``__src__`` is the element identity ``(dataset_id, shard_id, sample_idx, position)`` of a source
+sample, or a list of ``(position, piece)`` for a row built from several; ``__piece__`` numbers the
+pieces a long document was split into.
+"""
+from __future__ import annotations
+
+
+class RecordError(ValueError):
+    """An operator could not process a record. The engine turns it into a ``DataError`` naming the
+    file, shard and sample from the record's ``__src__``."""
+
+    def __init__(self, message: str, record: dict | None = None):
+        super().__init__(message)
+        self.src = record.get("__src__") if isinstance(record, dict) else None
+
+
+class Operator:
+    """Base class: ``name`` and ``fingerprint()`` (plain JSON data; part of the checkpoint identity, so
+    a checkpoint made with other operator settings is refused)."""
+
+    name = "operator"
+
+    def fingerprint(self) -> dict:
+        return {"op": self.name}
+
+    @property
+    def stateful(self) -> bool:
+        return hasattr(self, "new_accumulator")
+
+
+class Accumulator:
+    """Per-lane, in-order state of a stateful operator.
+
+    ``push(record) -> list[record]`` returns what is ready; ``flush() -> list[record]`` empties the
+    state at a flush sentinel (or the end of the lane) and returns everything left, so after a flush
+    the accumulator is as new. Outputs must be a pure function of the records pushed since the last
+    flush and their order."""
+
+    def push(self, record: dict) -> list[dict]:
+        raise NotImplementedError
+
+    def flush(self) -> list[dict]:
+        raise NotImplementedError

@@ -1,0 +1,85 @@
+"""Stateless record operators: decode (select a text field), map, filter."""
+from __future__ import annotations
+
+from .base import Operator, RecordError
+
+
+def _callable_name(fn) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+class Decode(Operator):
+    """Take field ``field`` of each record as text: ``str`` passes, ``bytes`` are decoded as UTF-8.
+
+    Output records: ``{field: str, "__src__": ...}`` (other columns dropped unless ``keep`` lists them).
+    Raises ``RecordError`` (file, shard and sample named by the engine) when the field is missing, not
+    text, or not valid UTF-8."""
+
+    name = "decode"
+
+    def __init__(self, field: str = "text", keep: tuple[str, ...] = ()):
+        self.field = field
+        self.keep = tuple(keep)
+
+    def fingerprint(self) -> dict:
+        return {"op": self.name, "field": self.field, "keep": list(self.keep)}
+
+    def process_many(self, records: list[dict]) -> list[dict]:
+        out = []
+        f = self.field
+        for r in records:
+            if f not in r:
+                present = sorted(k for k in r if not k.startswith("__"))
+                raise RecordError(f"missing field {f!r} (fields present: {present})", r)
+            v = r[f]
+            if isinstance(v, bytes):
+                try:
+                    v = v.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise RecordError(f"field {f!r} is not valid UTF-8: {e}", r) from None
+            elif not isinstance(v, str):
+                raise RecordError(f"field {f!r} is {type(v).__name__}, expected text", r)
+            rec = {f: v, "__src__": r["__src__"]}
+            for k in self.keep:
+                rec[k] = r.get(k)
+            out.append(rec)
+        return out
+
+
+class Map(Operator):
+    """Apply ``fn(record) -> record`` to each record. ``fn`` must be deterministic, and picklable (a
+    module-level function) for the ``processes`` runner. ``name`` enters the fingerprint."""
+
+    name = "map"
+
+    def __init__(self, fn, name: str | None = None):
+        self.fn = fn
+        self.label = name or _callable_name(fn)
+
+    def fingerprint(self) -> dict:
+        return {"op": self.name, "fn": self.label}
+
+    def process_many(self, records: list[dict]) -> list[dict]:
+        out = []
+        for r in records:
+            new = self.fn(r)
+            new.setdefault("__src__", r["__src__"])
+            out.append(new)
+        return out
+
+
+class Filter(Operator):
+    """Keep records where ``fn(record)`` is true. Dropped records are counted by the engine
+    (``stats()["filtered"]``), never silently lost."""
+
+    name = "filter"
+
+    def __init__(self, fn, name: str | None = None):
+        self.fn = fn
+        self.label = name or _callable_name(fn)
+
+    def fingerprint(self) -> dict:
+        return {"op": self.name, "fn": self.label}
+
+    def process_many(self, records: list[dict]) -> list[dict]:
+        return [r for r in records if self.fn(r)]

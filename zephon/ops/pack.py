@@ -1,0 +1,126 @@
+"""Packing tokenized documents into fixed-length rows (a per-lane accumulator).
+
+Documents (``input_ids`` of at most ``max_length`` tokens; split longer ones with
+``Tokenize(max_length=...)``) go into open bins of capacity ``max_length``. ``best_fit`` puts a document
+in the open bin with the least room that still fits it, ``first_fit`` in the oldest bin that fits.
+A bin is emitted when exactly full, or, when more than ``max_open_bins`` are open, the fullest one is
+emitted (oldest on ties). A flush emits every open bin, oldest first.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+
+import numpy as np
+
+from .base import Accumulator, Operator, RecordError
+
+PACK_METHODS = ("best_fit", "first_fit")
+
+
+class Pack(Operator):
+    """Accumulator operator: tokenized documents -> packed rows.
+
+    Args:
+        max_length: tokens per row (default 2048).
+        method: ``"best_fit"`` or ``"first_fit"``.
+        max_open_bins: bins kept open before the fullest is emitted (memory and padding trade-off).
+        pad_id: token id for padding; ``label_pad``: label at padding and at each document's first token
+            (so no position learns to predict across a document boundary).
+    Output rows (numpy arrays of length ``max_length``): ``input_ids`` int32, ``labels`` int32 (equal to
+    ``input_ids`` where trained; the model shifts), ``position_ids`` int32 (restart at 0 per document),
+    ``attention_mask`` uint8 (1 = token, 0 = padding); ``cu_seqlens`` int32[docs + 1] (document
+    boundaries, flash-attention style); ``num_tokens``; ``__src__`` list of ``(position, piece)``.
+    Raises ``RecordError`` for a document longer than ``max_length``."""
+
+    name = "pack"
+
+    def __init__(self, max_length: int = 2048, method: str = "best_fit", max_open_bins: int = 64,
+                 pad_id: int = 0, label_pad: int = -100):
+        if method not in PACK_METHODS:
+            raise ValueError(f"pack method must be one of {PACK_METHODS}, got {method!r}")
+        if max_length < 1 or max_open_bins < 1:
+            raise ValueError("max_length and max_open_bins must be >= 1")
+        self.max_length, self.method, self.max_open_bins = max_length, method, max_open_bins
+        self.pad_id, self.label_pad = pad_id, label_pad
+
+    def fingerprint(self) -> dict:
+        return {"op": self.name, "max_length": self.max_length, "method": self.method,
+                "max_open_bins": self.max_open_bins, "pad_id": self.pad_id, "label_pad": self.label_pad}
+
+    def new_accumulator(self, lane: int) -> "PackAccumulator":
+        return PackAccumulator(self)
+
+
+class PackAccumulator(Accumulator):
+    def __init__(self, op: Pack):
+        self.op = op
+        self.cap = op.max_length
+        self._positions = np.arange(op.max_length, dtype=np.int32)
+        self._reset()
+
+    def _reset(self):
+        self.bins: dict[int, list] = {}   # bin id -> list of documents
+        self.room: dict[int, int] = {}    # bin id -> free tokens
+        self.by_room: list[tuple[int, int]] = []  # sorted (free tokens, bin id), for best fit
+        self.next_id = 0
+
+    def push(self, record: dict) -> list[dict]:
+        n = record["input_ids"].size
+        if n > self.cap:
+            raise RecordError(f"document of {n} tokens exceeds pack max_length={self.cap}; "
+                              f"tokenize with max_length={self.cap} to split it", record)
+        bid = self._find(n)
+        if bid is None:
+            bid = self.next_id
+            self.next_id += 1
+            self.bins[bid] = []
+            self.room[bid] = self.cap
+        else:
+            self.by_room.remove((self.room[bid], bid))
+        self.bins[bid].append(record)
+        self.room[bid] -= n
+        if self.room[bid] == 0:
+            return [self._emit(bid)]
+        insort(self.by_room, (self.room[bid], bid))
+        if len(self.bins) > self.op.max_open_bins:
+            fullest = self.by_room.pop(0)[1]
+            return [self._emit(fullest)]
+        return []
+
+    def _find(self, n: int):
+        if self.op.method == "best_fit":
+            i = bisect_left(self.by_room, (n, -1))
+            return self.by_room[i][1] if i < len(self.by_room) else None
+        for bid in self.bins:  # dicts keep insertion order: oldest first
+            if self.room[bid] >= n:
+                return bid
+        return None
+
+    def flush(self) -> list[dict]:
+        out = [self._emit(bid) for bid in list(self.bins)]
+        self._reset()
+        return out
+
+    def _emit(self, bid: int) -> dict:
+        docs = self.bins.pop(bid)
+        self.room.pop(bid)
+        cap = self.cap
+        lens = [d["input_ids"].size for d in docs]
+        used = sum(lens)
+        ids = np.full(cap, self.op.pad_id, dtype=np.int32)
+        if docs:
+            ids[:used] = np.concatenate([d["input_ids"] for d in docs])
+        labels = ids.copy()
+        labels[used:] = self.op.label_pad
+        cu = np.zeros(len(docs) + 1, dtype=np.int32)
+        np.cumsum(lens, out=cu[1:])
+        starts = cu[:-1][np.asarray(lens) > 0]
+        labels[starts] = self.op.label_pad
+        pos = np.zeros(cap, dtype=np.int32)
+        for start, n in zip(cu[:-1], lens):
+            pos[start:start + n] = self._positions[:n]
+        mask = np.zeros(cap, dtype=np.uint8)
+        mask[:used] = 1
+        return {"input_ids": ids, "labels": labels, "position_ids": pos, "attention_mask": mask,
+                "cu_seqlens": cu, "num_tokens": used,
+                "__src__": [(d["__src__"][3], d.get("__piece__", 0)) for d in docs]}

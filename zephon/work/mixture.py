@@ -1,0 +1,97 @@
+"""Exact mixture proportions by closed-form allocation.
+
+Position ``t`` of the mixed stream is assigned to a dataset without any running state, so the
+allocation is random-access. Datasets are split into a balanced binary tree; at a node whose left
+subtree has integer weight ``wl`` out of ``w``, the left side owns the first ``floor(t * wl / w)``
+of the first ``t`` positions (a Bresenham line). Hence after ``t`` positions every dataset holds its
+share ``t * w_d / W`` to within one sample per tree level (``ceil(log2 D)``).
+"""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+
+_SCALE = 1 << 20  # float weights are rounded to multiples of 2**-20 of the total
+
+
+def integer_weights(weights) -> list[int]:
+    """Integer weights with the same proportions (exact for ints and simple fractions).
+
+    ``weights``: positive numbers, one per dataset. Returns positive ints. Raises ``ValueError`` on an
+    empty list, a non-positive or non-finite weight."""
+    ws = [Fraction(w).limit_denominator(_SCALE) if not isinstance(w, int) else Fraction(w) for w in weights]
+    if not ws:
+        raise ValueError("a mixture needs at least one dataset")
+    if any(w <= 0 for w in ws):
+        raise ValueError(f"mixture weights must be > 0, got {list(weights)}")
+    total = sum(ws)
+    lcm = 1
+    for w in ws:
+        d = w.denominator
+        lcm = lcm * d // np.gcd(lcm, d)
+    ints = [int(w * lcm) for w in ws]
+    if max(ints) > _SCALE * 64:  # keep t * w inside int64 for t < 2**40
+        ints = [max(1, round(float(w / total) * _SCALE)) for w in ws]
+    g = 0
+    for i in ints:
+        g = int(np.gcd(g, i))
+    return [i // g for i in ints]
+
+
+class Mixture:
+    """Closed-form allocation of stream positions to datasets.
+
+    ``Mixture(weights)``; ``assign(t) -> (dataset_ids, draw_index)``: for int64 array ``t`` of stream
+    positions, the dataset of each and how many earlier positions went to the same dataset (its
+    ``k``-th draw). ``count(d, t)``: draws of dataset ``d`` among the first ``t`` positions (exact int).
+    """
+
+    def __init__(self, weights):
+        self.weights = integer_weights(weights)
+        self.num_datasets = len(self.weights)
+        # Tree as nested (left, right, wl, w) tuples; leaves are dataset ids.
+        self._tree = self._build(list(range(self.num_datasets)))
+
+    def _build(self, ids):
+        if len(ids) == 1:
+            return ids[0]
+        mid = len(ids) // 2
+        wl = sum(self.weights[i] for i in ids[:mid])
+        w = wl + sum(self.weights[i] for i in ids[mid:])
+        return (self._build(ids[:mid]), self._build(ids[mid:]), wl, w)
+
+    def assign(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        t = np.asarray(t, dtype=np.int64)
+        ds = np.empty(t.shape, dtype=np.int64)
+        ks = np.empty(t.shape, dtype=np.int64)
+        self._assign(self._tree, t, np.arange(t.size), ds, ks)
+        return ds, ks
+
+    def _assign(self, node, t, where, ds, ks):
+        if isinstance(node, int):
+            ds[where] = node
+            ks[where] = t
+            return
+        left, right, wl, w = node
+        before = (t * wl) // w
+        is_left = ((t + 1) * wl) // w > before
+        self._assign(left, before[is_left], where[is_left], ds, ks)
+        self._assign(right, (t - before)[~is_left], where[~is_left], ds, ks)
+
+    def count(self, d: int, t: int) -> int:
+        node, t = self._tree, int(t)
+        while not isinstance(node, int):
+            left, right, wl, w = node
+            before = (t * wl) // w
+            if d < self._first_right(node):
+                node, t = left, before
+            else:
+                node, t = right, t - before
+        return t
+
+    def _first_right(self, node) -> int:
+        right = node[1]
+        while not isinstance(right, int):
+            right = right[0]
+        return right

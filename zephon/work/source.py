@@ -1,0 +1,200 @@
+"""WorkSource: datasets + mixture weights + seed + shuffle settings -> per-lane chunks of pointers.
+
+Pure and random-access: ``chunk(lane, chunk_id)`` is computed directly, so a checkpoint stores only
+chunk ids, never pointer lists. The global stream is the mixture of dataset passes; position ``t`` of
+it belongs to global chunk ``t // chunk_size``, and global chunk ``g`` belongs to lane
+``g % canonical_replicas`` as that lane's chunk ``g // canonical_replicas``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from .mixture import Mixture
+from .permute import IndexPermutation, derive_key
+
+EXHAUSTION_POLICIES = ("repeat", "stop")
+
+
+@dataclass(frozen=True)
+class ChunkPointers:
+    """The sample pointers of one chunk, as parallel int64 arrays of equal length (<= chunk_size).
+
+    ``positions``: global stream positions (unique over the whole run: the element identity);
+    ``dataset_ids``, ``shard_ids``, ``sample_idx``: the sample pointer; ``passes``: which pass over its
+    dataset the draw belongs to (0 for the first time through)."""
+    lane: int
+    chunk_id: int
+    positions: np.ndarray
+    dataset_ids: np.ndarray
+    shard_ids: np.ndarray
+    sample_idx: np.ndarray
+    passes: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.positions.size)
+
+    def slice(self, start: int, stop: int) -> "ChunkPointers":
+        return ChunkPointers(self.lane, self.chunk_id, self.positions[start:stop], self.dataset_ids[start:stop],
+                             self.shard_ids[start:stop], self.sample_idx[start:stop], self.passes[start:stop])
+
+
+class WorkSource:
+    """Pointer streams for ``canonical_replicas`` lanes.
+
+    Args:
+        datasets: objects with ``name`` (str), ``shard_sizes`` (list of sample counts per shard) and
+            ``fingerprint()`` (plain JSON data); no I/O happens here.
+        weights: mixture weights, one per dataset (proportions of samples); default equal.
+        seed: int.
+        canonical_replicas: number of lanes (>= 1).
+        chunk_size: pointers per chunk (>= 1).
+        shuffle: permute shard order and samples each pass (a different permutation per pass).
+        shuffle_block_size: None = permute samples within each shard; an int B = permute within
+            consecutive blocks of B samples of the pass's shard-shuffled concatenation (spans shards).
+        exhaustion: ``"repeat"`` (each dataset restarts with a new pass: an endless stream) or
+            ``"stop"`` (the stream ends just before any dataset would start its second pass).
+    Raises ``ValueError`` on an empty dataset list, a dataset with no samples, bad weights or options.
+    """
+
+    def __init__(self, datasets, weights=None, *, seed: int = 0, canonical_replicas: int = 1,
+                 chunk_size: int = 1024, shuffle: bool = True, shuffle_block_size: int | None = None,
+                 exhaustion: str = "repeat"):
+        if not datasets:
+            raise ValueError("WorkSource needs at least one dataset")
+        if weights is None:
+            weights = [1] * len(datasets)
+        if len(weights) != len(datasets):
+            raise ValueError(f"{len(weights)} mixture weights for {len(datasets)} datasets")
+        if canonical_replicas < 1 or chunk_size < 1:
+            raise ValueError(f"canonical_replicas and chunk_size must be >= 1, got {canonical_replicas}, {chunk_size}")
+        if exhaustion not in EXHAUSTION_POLICIES:
+            raise ValueError(f"exhaustion must be one of {EXHAUSTION_POLICIES}, got {exhaustion!r}")
+        if shuffle_block_size is not None and shuffle_block_size < 1:
+            raise ValueError(f"shuffle_block_size must be >= 1 or None, got {shuffle_block_size}")
+        self.datasets = list(datasets)
+        self.shard_sizes = [np.asarray(d.shard_sizes, dtype=np.int64) for d in self.datasets]
+        self.sizes = [int(s.sum()) for s in self.shard_sizes]
+        for d, n in zip(self.datasets, self.sizes):
+            if n == 0:
+                raise ValueError(f"dataset {d.name!r} has no samples")
+        self.mixture = Mixture(weights)
+        self.seed = int(seed)
+        self.canonical_replicas = int(canonical_replicas)
+        self.chunk_size = int(chunk_size)
+        self.shuffle = bool(shuffle)
+        self.shuffle_block_size = shuffle_block_size
+        self.exhaustion = exhaustion
+        self.total_positions = self._stop_length() if exhaustion == "stop" else None
+        self._pass_layout = lru_cache(maxsize=64)(self._pass_layout_uncached)
+
+    # -- configuration identity -------------------------------------------------------------
+    def fingerprint(self) -> dict:
+        """Plain JSON data that fixes every pointer this source can produce."""
+        return {
+            "seed": self.seed,
+            "canonical_replicas": self.canonical_replicas,
+            "chunk_size": self.chunk_size,
+            "shuffle": self.shuffle,
+            "shuffle_block_size": self.shuffle_block_size,
+            "exhaustion": self.exhaustion,
+            "weights": self.mixture.weights,
+            "datasets": [d.fingerprint() for d in self.datasets],
+        }
+
+    # -- stream length ------------------------------------------------------------------------
+    def _stop_length(self) -> int:
+        """Largest T such that no dataset gets more than one pass of draws among positions [0, T)."""
+        limits = []
+        for d, n in enumerate(self.sizes):
+            lo, hi = 0, 1
+            while self.mixture.count(d, hi) <= n:
+                hi *= 2
+            while hi - lo > 1:  # count(d, lo) <= n < count(d, hi)
+                mid = (lo + hi) // 2
+                if self.mixture.count(d, mid) <= n:
+                    lo = mid
+                else:
+                    hi = mid
+            limits.append(lo)
+        return min(limits)
+
+    def num_chunks(self, lane: int) -> int | None:
+        """Chunks lane ``lane`` will ever have (None for an endless stream)."""
+        if self.total_positions is None:
+            return None
+        global_chunks = -(-self.total_positions // self.chunk_size)
+        return max(0, -(-(global_chunks - lane) // self.canonical_replicas))
+
+    # -- random access ------------------------------------------------------------------------
+    def chunk(self, lane: int, chunk_id: int) -> ChunkPointers:
+        """The pointers of chunk ``chunk_id`` of ``lane`` (empty past the end of a finite stream)."""
+        if not 0 <= lane < self.canonical_replicas:
+            raise IndexError(f"lane {lane} outside [0, {self.canonical_replicas})")
+        g = chunk_id * self.canonical_replicas + lane
+        start = g * self.chunk_size
+        stop = start + self.chunk_size
+        if self.total_positions is not None:
+            stop = min(stop, self.total_positions)
+            start = min(start, stop)
+        return self.pointers(lane, chunk_id, np.arange(start, stop, dtype=np.int64))
+
+    def pointers(self, lane: int, chunk_id: int, positions: np.ndarray) -> ChunkPointers:
+        """Resolve global stream positions to sample pointers."""
+        ds, draws = self.mixture.assign(positions)
+        shard_ids = np.empty_like(positions)
+        sample_idx = np.empty_like(positions)
+        passes = np.empty_like(positions)
+        for d in np.unique(ds):
+            sel = ds == d
+            n = self.sizes[d]
+            k = draws[sel]
+            passes[sel] = k // n
+            s, i = self._resolve(int(d), k // n, k % n)
+            shard_ids[sel] = s
+            sample_idx[sel] = i
+        return ChunkPointers(lane, chunk_id, positions, ds, shard_ids, sample_idx, passes)
+
+    def _resolve(self, d: int, passes: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        shards = np.empty_like(p)
+        idx = np.empty_like(p)
+        for e in np.unique(passes):
+            sel = passes == e
+            shards[sel], idx[sel] = self._resolve_pass(d, int(e), p[sel])
+        return shards, idx
+
+    def _pass_layout_uncached(self, d: int, e: int):
+        sizes = self.shard_sizes[d]
+        if self.shuffle:
+            order = IndexPermutation(sizes.size, derive_key(self.seed, "shard-order", d, e))(np.arange(sizes.size))
+        else:
+            order = np.arange(sizes.size)
+        ends = np.cumsum(sizes[order])
+        return order, ends, ends - sizes[order]
+
+    def _resolve_pass(self, d: int, e: int, p: np.ndarray):
+        order, ends, starts = self._pass_layout(d, e)
+        if self.shuffle and self.shuffle_block_size is not None:
+            p = self._block_permute(d, e, p)
+        slot = np.searchsorted(ends, p, side="right")
+        shard = order[slot]
+        offset = p - starts[slot]
+        if self.shuffle and self.shuffle_block_size is None:
+            for s in np.unique(shard):
+                sel = shard == s
+                offset[sel] = IndexPermutation(int(self.shard_sizes[d][s]),
+                                               derive_key(self.seed, "in-shard", d, e, int(s)))(offset[sel])
+        return shard, offset
+
+    def _block_permute(self, d: int, e: int, p: np.ndarray) -> np.ndarray:
+        n, bsz = self.sizes[d], self.shuffle_block_size
+        block = p // bsz
+        out = p.copy()
+        for b in np.unique(block):
+            sel = block == b
+            length = min(bsz, n - int(b) * bsz)
+            perm = IndexPermutation(length, derive_key(self.seed, "block", d, e, int(b)))
+            out[sel] = int(b) * bsz + perm(p[sel] - int(b) * bsz)
+        return out
