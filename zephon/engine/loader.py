@@ -44,9 +44,9 @@ class Loader:
     """
 
     def __init__(self, datasets, ops, *, weights=None, seed: int = 0, canonical_replicas: int = 8,
-                 chunk_size: int = 1024, global_batch_size: int | None = None, shuffle: bool = True,
+                 chunk_size: int = 256, global_batch_size: int | None = None, shuffle: bool = True,
                  shuffle_block_size: int | None = None, exhaustion: str = "repeat",
-                 flush_every_k_chunks: int = 4, dp_degree: int = 1, dp_rank: int = 0,
+                 flush_every_k_chunks: int = 2, dp_degree: int = 1, dp_rank: int = 0,
                  lane_assignment: str = "contiguous", runner="threads", num_workers: int = 2,
                  unit_size: int = 256):
         self.datasets = list(datasets)
@@ -130,12 +130,14 @@ class Loader:
         lanes = self._state
         rps, m = self.rows_per_step, self.batch.micro_batch_size
         while True:
-            steps = {}
+            steps, offset = {}, {}
             for lane in self.lanes:
-                self._ensure(lane, rps)
                 st = lanes[lane]
+                offset[lane] = st.delivered_rows % rps  # non-zero only when a checkpoint was taken mid-step
+                need = rps - offset[lane]
+                self._ensure(lane, need)
                 have = len(st.rows)
-                if have >= rps or (have and not self.batch.drop_last):
+                if have >= need or (have and not self.batch.drop_last):
                     steps[lane] = st.delivered_rows // rps
                 elif have:  # a finite stream's last, incomplete step of this lane
                     self.dropped_rows += len(st.take(have))
@@ -143,7 +145,10 @@ class Loader:
                 return
             for j in range(rps // m):
                 for lane, step in steps.items():
-                    rows = lanes[lane].take(m)
+                    start = max(j * m, offset[lane])
+                    if start >= (j + 1) * m:
+                        continue
+                    rows = lanes[lane].take((j + 1) * m - start)
                     if rows:
                         mb = collate(rows)
                         mb["__lane__"], mb["__step__"], mb["__micro__"] = lane, step, j

@@ -62,7 +62,10 @@ class Map(Operator):
     def process_many(self, records: list[dict]) -> list[dict]:
         out = []
         for r in records:
-            new = self.fn(r)
+            try:
+                new = self.fn(r)
+            except Exception as e:  # name the sample: user code sees bad data first
+                raise RecordError(f"map {self.label} failed: {type(e).__name__}: {e}", r) from e
             new.setdefault("__src__", r["__src__"])
             out.append(new)
         return out
@@ -82,4 +85,12 @@ class Filter(Operator):
         return {"op": self.name, "fn": self.label}
 
     def process_many(self, records: list[dict]) -> list[dict]:
-        return [r for r in records if self.fn(r)]
+        out = []
+        for r in records:
+            try:
+                keep = self.fn(r)
+            except Exception as e:
+                raise RecordError(f"filter {self.label} failed: {type(e).__name__}: {e}", r) from e
+            if keep:
+                out.append(r)
+        return out

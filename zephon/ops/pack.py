@@ -34,7 +34,7 @@ class Pack(Operator):
 
     name = "pack"
 
-    def __init__(self, max_length: int = 2048, method: str = "best_fit", max_open_bins: int = 64,
+    def __init__(self, max_length: int = 2048, method: str = "best_fit", max_open_bins: int = 8,
                  pad_id: int = 0, label_pad: int = -100):
         if method not in PACK_METHODS:
             raise ValueError(f"pack method must be one of {PACK_METHODS}, got {method!r}")

@@ -8,35 +8,37 @@ share ``t * w_d / W`` to within one sample per tree level (``ceil(log2 D)``).
 """
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import numpy as np
 
-_SCALE = 1 << 20  # float weights are rounded to multiples of 2**-20 of the total
+_EXACT = 1 << 31  # integer weights are kept exactly up to this reduced total
+_SCALE = 1 << 20  # otherwise they are rounded to multiples of 2**-20 of the total
 
 
 def integer_weights(weights) -> list[int]:
-    """Integer weights with the same proportions (exact for ints and simple fractions).
-
-    ``weights``: positive numbers, one per dataset. Returns positive ints. Raises ``ValueError`` on an
-    empty list, a non-positive or non-finite weight."""
-    ws = [Fraction(w).limit_denominator(_SCALE) if not isinstance(w, int) else Fraction(w) for w in weights]
-    if not ws:
+    """Positive integer weights with the same proportions: exact when the weights are ints or simple
+    fractions whose reduced total is at most 2**31, else rounded to multiples of 2**-20 of the total
+    (a weight below that becomes 1). ``weights``: positive finite numbers, one per dataset.
+    Raises ``ValueError`` on an empty list or a non-positive / non-finite weight."""
+    weights = list(weights)
+    if not weights:
         raise ValueError("a mixture needs at least one dataset")
-    if any(w <= 0 for w in ws):
-        raise ValueError(f"mixture weights must be > 0, got {list(weights)}")
-    total = sum(ws)
-    lcm = 1
-    for w in ws:
-        d = w.denominator
-        lcm = lcm * d // np.gcd(lcm, d)
-    ints = [int(w * lcm) for w in ws]
-    if max(ints) > _SCALE * 64:  # keep t * w inside int64 for t < 2**40
-        ints = [max(1, round(float(w / total) * _SCALE)) for w in ws]
-    g = 0
-    for i in ints:
-        g = int(np.gcd(g, i))
-    return [i // g for i in ints]
+    for w in weights:
+        if not isinstance(w, (int, float, Fraction)) or not math.isfinite(w) or w <= 0:
+            raise ValueError(f"mixture weights must be finite numbers > 0, got {weights}")
+    fracs = [Fraction(w) for w in weights]
+    denom = math.lcm(*(f.denominator for f in fracs))
+    ints = [int(f * denom) for f in fracs]
+    g = math.gcd(*ints)
+    ints = [i // g for i in ints]
+    if sum(ints) > _EXACT:
+        total = sum(fracs)
+        ints = [max(1, round(f / total * _SCALE)) for f in fracs]
+        g = math.gcd(*ints)
+        ints = [i // g for i in ints]
+    return ints
 
 
 class Mixture:
@@ -63,10 +65,12 @@ class Mixture:
 
     def assign(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         t = np.asarray(t, dtype=np.int64)
+        if t.size and (int(t.max()) + 1) * sum(self.weights) >= 1 << 62:
+            t = t.astype(object)  # Python ints: exact beyond int64 (slow, only for huge positions)
         ds = np.empty(t.shape, dtype=np.int64)
-        ks = np.empty(t.shape, dtype=np.int64)
+        ks = np.empty(t.shape, dtype=t.dtype)
         self._assign(self._tree, t, np.arange(t.size), ds, ks)
-        return ds, ks
+        return ds, ks.astype(np.int64)
 
     def _assign(self, node, t, where, ds, ks):
         if isinstance(node, int):

@@ -56,7 +56,8 @@ class IndexPermutation:
         bits += bits & 1  # balanced halves
         self._half = np.uint64(bits // 2)
         self._mask = np.uint64((1 << (bits // 2)) - 1)
-        self._round_keys = [mix64(np.array([self.key + r + 1], dtype=np.uint64))[0] for r in range(_ROUNDS)]
+        self._round_keys = [mix64(np.array([(self.key + r + 1) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))[0]
+                            for r in range(_ROUNDS)]
 
     def _feistel(self, x: np.ndarray) -> np.ndarray:
         left = x >> self._half

@@ -133,6 +133,8 @@ class WorkSource:
         """The pointers of chunk ``chunk_id`` of ``lane`` (empty past the end of a finite stream)."""
         if not 0 <= lane < self.canonical_replicas:
             raise IndexError(f"lane {lane} outside [0, {self.canonical_replicas})")
+        if chunk_id < 0:
+            raise IndexError(f"chunk_id must be >= 0, got {chunk_id}")
         g = chunk_id * self.canonical_replicas + lane
         start = g * self.chunk_size
         stop = start + self.chunk_size

@@ -1,0 +1,53 @@
+"""Pipeline builders and an independent global-batch hash for the engine tests."""
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+
+from zephon.engine import Loader
+from zephon.formats import open_dataset
+from zephon.ops import Batch, Decode, Pack, Shuffle, Tokenize
+
+FIELDS = ("input_ids", "labels", "position_ids", "attention_mask")
+
+
+def make_loader(dirs, tokenizer, *, dp=1, rank=0, runner="inline", micro_batch=1, canonical_replicas=8,
+                global_batch_size=None, max_length=128, seed=0, exhaustion="repeat", drop_last=True,
+                chunk_size=32, flush_every_k_chunks=2, shuffle_buffer=4, weights=None, fmt=None,
+                on_error="raise", lane_assignment="contiguous", num_workers=2, unit_size=32):
+    datasets = [open_dataset(d, format=fmt, on_error=on_error) for d in dirs]
+    ops = [Decode("text"), Tokenize(tokenizer, eos_id="<eos>", max_length=max_length), Pack(max_length)]
+    if shuffle_buffer:
+        ops.append(Shuffle(shuffle_buffer, seed=seed))
+    ops.append(Batch(micro_batch, drop_last=drop_last))
+    return Loader(datasets, ops, weights=weights, seed=seed, canonical_replicas=canonical_replicas,
+                  chunk_size=chunk_size, global_batch_size=global_batch_size or 2 * canonical_replicas,
+                  exhaustion=exhaustion, flush_every_k_chunks=flush_every_k_chunks, dp_degree=dp, dp_rank=rank,
+                  runner=runner, num_workers=num_workers, lane_assignment=lane_assignment, unit_size=unit_size)
+
+
+class StepHasher:
+    """Test-side oracle hash, written independently of zephon.engine.hashing: per step, SHA-256 of
+    every row's fields, lanes in ascending order, rows in delivery order within a lane."""
+
+    def __init__(self):
+        self.rows = defaultdict(lambda: defaultdict(list))
+
+    def add(self, mb):
+        for i in range(len(mb["input_ids"])):
+            self.rows[mb["__step__"]][mb["__lane__"]].append(b"".join(mb[f][i].tobytes() for f in FIELDS))
+
+    def digests(self):
+        return {s: hashlib.sha256(b"".join(r for lane in sorted(ls) for r in ls[lane])).hexdigest()
+                for s, ls in self.rows.items()}
+
+
+def run_steps(loaders, steps, hasher):
+    """Pull exactly one global step per iteration from every rank, for ``steps`` steps."""
+    iters = [iter(L) for L in loaders]
+    for _ in range(steps):
+        for L, it in zip(loaders, iters):
+            for _ in range(len(L.lanes) * (L.rows_per_step // L.batch.micro_batch_size)):
+                hasher.add(next(it))
+    for it in iters:
+        it.close()

@@ -1,0 +1,13 @@
+"""Zephon: deterministic, elastic on-the-fly data loading for LLM pretraining.
+
+Lanes, not ranks, own data: the global order is a pure function of the config, identical for every
+dp_degree that divides ``canonical_replicas``, across checkpoints and resumes.
+"""
+from .engine import CheckpointError, GlobalBatchHasher, Loader, merge_states
+from .formats import DataError, open_dataset
+from .ops import Batch, Decode, EnsureMixture, Filter, Map, Pack, Shuffle, Tokenize
+from .work import TopologyError, WorkSource
+
+__version__ = "0.1.0"
+__all__ = ["Batch", "CheckpointError", "DataError", "Decode", "EnsureMixture", "Filter", "GlobalBatchHasher", "Loader",
+           "Map", "Pack", "Shuffle", "Tokenize", "TopologyError", "WorkSource", "merge_states", "open_dataset"]
