@@ -46,7 +46,7 @@ class Loader:
     def __init__(self, datasets, ops, *, weights=None, seed: int = 0, canonical_replicas: int = 8,
                  chunk_size: int = 256, global_batch_size: int | None = None, shuffle: bool = True,
                  shuffle_block_size: int | None = None, exhaustion: str = "repeat",
-                 flush_every_k_chunks: int = 2, dp_degree: int = 1, dp_rank: int = 0,
+                 flush_every_k_chunks: int = 1, dp_degree: int = 1, dp_rank: int = 0,
                  lane_assignment: str = "contiguous", runner="threads", num_workers: int = 2,
                  unit_size: int = 256):
         self.datasets = list(datasets)

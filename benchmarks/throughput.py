@@ -1,0 +1,452 @@
+"""Throughput of tokenize + best-fit pack + batch, per runner, next to a raw tokenizer baseline.
+
+    python -m benchmarks.throughput [--workdir DIR] [--repeats 3] [--runners inline,threads,processes]
+                                    [--workers 2] [--canonical-replicas 8] [--format jsonl|parquet] [--quick]
+
+What is measured (one pass over the demo corpus per repetition, every document exactly once):
+
+* ``raw``: the documents' texts already in memory; ``tokenizer.encode_batch_fast`` over them in
+  batches of ``--unit-size`` documents, EOS appended to each, all ids concatenated into one int32
+  stream (numpy) and split into ``--seq-len`` rows (the last row zero-padded). The reference.
+* ``raw+read``: the same, plus reading and decoding the shard files sequentially (json.loads per line
+  or pyarrow ``to_pylist``) inside the timing. For context only: it shows what the I/O costs.
+* ``zephon/<runner>``: ``Loader([source, docstrings], [Decode(), Tokenize(eos, max_length=seq_len),
+  Pack(seq_len, "best_fit"), (Shuffle(n)), Batch(micro_batch_size, drop_last=False)])`` with
+  ``exhaustion="stop"`` and mixture weights proportional to the dataset sizes, so one pass delivers
+  every document once. Reading files is inside the timing (it is part of the loader's job).
+
+"Tokens" are real, non-padding tokens delivered: ``attention_mask.sum()`` for zephon, the length of
+the id stream for raw. Both must be equal (checked and printed). tokens/s = tokens / wall seconds of
+the pass; ratio = median zephon tokens/s / median raw tokens/s.
+
+Each (configuration, repetition) runs in a fresh subprocess, so peak RSS is isolated per configuration,
+and repetitions are interleaved (round 1: raw, raw+read, each runner; round 2: ...) so the drift of a
+shared, noisy machine hits every configuration alike. Inside a subprocess: build the runner (worker
+threads or spawned processes) and do one untimed warm-up pass (reported as ``startup``: runner
+creation up to the first micro-batch); then the timed pass, with a new Loader on the same, already
+running runner, timed from the first batch request to exhaustion. Peak RSS: ``ru_maxrss`` of the
+subprocess itself and of its largest reaped child (a worker process of the processes runner).
+
+Prints only; asserts nothing about speed.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+RESULT_TAG = "@@zephon-bench-result "
+DEFAULT_RUNNERS = "inline,threads,processes"
+
+
+# --------------------------------------------------------------------------------- corpus set-up
+
+def corpus_paths(args) -> tuple[list, str]:
+    """Build (once, cached in ``workdir``) the demo corpus and tokenizer. Returns the sources to open
+    (one per dataset: a directory, or in quick mode the list of its first shard file) and the
+    tokenizer path."""
+    from zephon.demo_corpus import build_corpus, build_tokenizer
+
+    dirs = build_corpus(args.workdir)
+    tok = build_tokenizer(args.workdir, [dirs["source_jsonl"], dirs["docstrings_jsonl"]])
+    sources = []
+    for name in ("source", "docstrings"):
+        d = dirs[f"{name}_{args.format}"]
+        if args.quick:  # one shard of four per dataset: about a quarter of the documents
+            sources.append([str(sorted(Path(d).glob(f"part-*.{args.format}"))[0])])
+        else:
+            sources.append(d)
+    return sources, tok
+
+
+def open_datasets(sources):
+    from zephon.formats import open_dataset
+
+    return [open_dataset(s, name=n) for s, n in zip(sources, ("source", "docstrings"))]
+
+
+def make_source(args, datasets):
+    from zephon.work import WorkSource
+
+    return WorkSource(datasets, [ds.num_samples for ds in datasets], seed=args.seed,
+                      canonical_replicas=args.canonical_replicas, chunk_size=args.chunk_size, exhaustion="stop")
+
+
+def all_pointers(args, datasets):
+    """Every (dataset_id, shard_id, sample_idx) the loader's one pass will read, in global order."""
+    src = make_source(args, datasets)
+    ptrs = []
+    for lane in range(args.canonical_replicas):
+        for c in range(src.num_chunks(lane)):
+            ch = src.chunk(lane, c)
+            ptrs.extend(zip(ch.positions.tolist(), ch.dataset_ids.tolist(), ch.shard_ids.tolist(),
+                            ch.sample_idx.tolist()))
+    ptrs.sort()
+    return [p[1:] for p in ptrs]
+
+
+def read_texts(datasets, ptrs):
+    """Texts at ``ptrs`` via ``Dataset.read`` (grouped per shard), in ``ptrs`` order."""
+    by_shard: dict = {}
+    for k, (d, s, i) in enumerate(ptrs):
+        by_shard.setdefault((d, s), []).append((k, i))
+    texts = [None] * len(ptrs)
+    for (d, s), items in by_shard.items():
+        recs = datasets[d].read(s, [i for _, i in items])
+        for (k, _), r in zip(items, recs):
+            texts[k] = r["text"]
+    return texts
+
+
+# --------------------------------------------------------------------------------- accounting
+
+def peak_rss_mib(pid: int | str = "self") -> float | None:
+    """Peak RSS (VmHWM) of a live process, MiB. Not ``ru_maxrss``: on Linux that survives ``execve``,
+    so a subprocess would report its parent's peak when larger."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    if pid == "self":
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return None
+
+
+def worker_pids() -> list[int]:
+    import multiprocessing
+
+    return [p.pid for p in multiprocessing.active_children() if p.pid]
+
+
+def cpu_seconds(pids) -> float:
+    """CPU (user + system) seconds of this process (all its threads) plus the live processes ``pids``."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    total = ru.ru_utime + ru.ru_stime
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+# --------------------------------------------------------------------------------- measurements
+
+def raw_pack(tokenizer, texts, eos: int, batch: int, seq_len: int):
+    """The baseline: batch-encode, append EOS, concatenate, split into rows. Returns (rows, tokens)."""
+    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+    parts = []
+    total = 0
+    for b in range(0, len(texts), batch):
+        for enc in encode(texts[b:b + batch], add_special_tokens=False):
+            ids = enc.ids
+            ids.append(eos)
+            total += len(ids)
+            parts.append(ids)
+    stream = np.fromiter(chain.from_iterable(parts), dtype=np.int32, count=total)
+    full = total // seq_len
+    rows = stream[:full * seq_len].reshape(full, seq_len)
+    if total % seq_len:
+        last = np.zeros((1, seq_len), dtype=np.int32)
+        last[0, :total % seq_len] = stream[full * seq_len:]
+        rows = np.concatenate([rows, last])
+    return rows, total
+
+
+def read_sequential(sources, fmt: str, wanted: set):
+    """Read every shard file of every dataset front to back (json.loads / pyarrow), keep the texts of
+    ``wanted`` (dataset_id, shard_id, sample_idx)."""
+    import pyarrow.parquet as pq
+
+    texts = []
+    for d, src in enumerate(sources):
+        files = src if isinstance(src, list) else sorted(str(p) for p in Path(src).glob(f"part-*.{fmt}"))
+        for s, f in enumerate(files):
+            if fmt == "jsonl":
+                with open(f, "rb") as fh:
+                    recs = (json.loads(line)["text"] for line in fh if line.strip())
+                    texts.extend(t for i, t in enumerate(recs) if (d, s, i) in wanted)
+            else:
+                col = pq.read_table(f, columns=["text"]).column("text").to_pylist()
+                texts.extend(t for i, t in enumerate(col) if (d, s, i) in wanted)
+    return texts
+
+
+def child_raw(args, with_read: bool) -> dict:
+    from tokenizers import Tokenizer
+
+    sources, tok_path = corpus_paths(args)
+    datasets = open_datasets(sources)
+    ptrs = all_pointers(args, datasets)
+    tok = Tokenizer.from_file(tok_path)
+    eos = tok.token_to_id("<eos>")
+    texts = read_texts(datasets, ptrs)
+    raw_pack(tok, texts[:args.unit_size], eos, args.unit_size, args.seq_len)  # warm-up (thread pool, caches)
+    wanted = set(ptrs)
+    c0 = cpu_seconds([])
+    t0 = time.perf_counter()
+    if with_read:
+        texts = read_sequential(sources, args.format, wanted)
+    rows, tokens = raw_pack(tok, texts, eos, args.unit_size, args.seq_len)
+    elapsed = time.perf_counter() - t0
+    cpu = cpu_seconds([]) - c0
+    return {"tokens": tokens, "rows": int(rows.shape[0]), "docs": len(texts), "seconds": elapsed, "cpu": cpu,
+            "startup": None, "first_batch": None, "rss_main_mib": peak_rss_mib(), "rss_worker_mib": None}
+
+
+def build_loader(args, datasets, tok_path, runner):
+    from zephon.engine import Loader
+    from zephon.ops import Batch, Decode, Pack, Shuffle, Tokenize
+
+    ops = [Decode(), Tokenize(tok_path, eos_id="<eos>", max_length=args.seq_len),
+           Pack(args.seq_len, method="best_fit")]
+    if args.shuffle_buffer:
+        ops.append(Shuffle(args.shuffle_buffer, seed=args.seed))
+    ops.append(Batch(args.micro_batch_size, drop_last=False))
+    return Loader(datasets, ops, weights=[ds.num_samples for ds in datasets], seed=args.seed,
+                  canonical_replicas=args.canonical_replicas, chunk_size=args.chunk_size, exhaustion="stop",
+                  runner=runner, num_workers=args.workers, unit_size=args.unit_size)
+
+
+def one_pass(loader):
+    """Iterate to exhaustion. Returns (tokens, rows, perf_counter at the first micro-batch, seconds total)."""
+    tokens = rows = 0
+    t0 = time.perf_counter()
+    first = None
+    for mb in loader:
+        if first is None:
+            first = time.perf_counter()
+        mask = mb["attention_mask"]
+        tokens += int(mask.sum(dtype=np.int64))
+        rows += mask.shape[0]
+    return tokens, rows, first, time.perf_counter() - t0
+
+
+def child_zephon(args, runner_name: str) -> dict:
+    from zephon.engine import make_runner
+
+    sources, tok_path = corpus_paths(args)
+    datasets = open_datasets(sources)
+    t_start = time.perf_counter()
+    # The runner is built once and shared by both passes, so worker start-up (process spawn, stage
+    # unpickling, tokenizer load) stays out of the timed pass; it is reported as ``startup``.
+    probe = build_loader(args, datasets, tok_path, "inline")
+    runner = make_runner(runner_name, probe.stage, args.workers)
+    _, _, first_warm, _ = one_pass(build_loader(args, datasets, tok_path, runner))  # warm-up pass
+    startup = (first_warm or time.perf_counter()) - t_start
+    loader = build_loader(args, datasets, tok_path, runner)
+    prof = None
+    if args.profile:
+        import cProfile
+        prof = cProfile.Profile()
+        prof.enable()
+    pids = worker_pids()
+    c0 = cpu_seconds(pids)
+    t0 = time.perf_counter()
+    tokens, rows, first, elapsed = one_pass(loader)
+    cpu = cpu_seconds(pids) - c0
+    rss_workers = [r for r in (peak_rss_mib(pid) for pid in pids) if r is not None]
+    if prof is not None:
+        import pstats
+        prof.disable()
+        for key in ("cumulative", "tottime"):
+            pstats.Stats(prof, stream=sys.stderr).sort_stats(key).print_stats(args.profile)
+    st = loader.stats()
+    runner.close()
+    return {"tokens": tokens, "rows": rows, "seconds": elapsed, "cpu": cpu, "startup": startup,
+            "first_batch": (first - t0) if first else None, "rss_main_mib": peak_rss_mib(),
+            "rss_worker_mib": max(rss_workers) if rss_workers else None, "workers_seen": len(pids),
+            "stats": {k: v for k, v in st.items() if k != "skipped_messages"}}
+
+
+def run_child(args) -> None:
+    cfg = args.child
+    if cfg == "raw":
+        res = child_raw(args, with_read=False)
+    elif cfg == "raw+read":
+        res = child_raw(args, with_read=True)
+    else:
+        res = child_zephon(args, cfg)
+    print(RESULT_TAG + json.dumps(res), flush=True)
+
+
+# --------------------------------------------------------------------------------- orchestration
+
+def child_argv(args, cfg: str) -> list[str]:
+    argv = [sys.executable, "-m", "benchmarks.throughput", "--child", cfg, "--workdir", args.workdir,
+            "--workers", str(args.workers), "--canonical-replicas", str(args.canonical_replicas),
+            "--format", args.format, "--seq-len", str(args.seq_len), "--chunk-size", str(args.chunk_size),
+            "--unit-size", str(args.unit_size), "--micro-batch-size", str(args.micro_batch_size),
+            "--shuffle-buffer", str(args.shuffle_buffer), "--seed", str(args.seed)]
+    if args.quick:
+        argv.append("--quick")
+    return argv
+
+
+def run_config(args, cfg: str) -> dict | None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    proc = subprocess.run(child_argv(args, cfg), cwd=str(REPO), env=env, capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT_TAG):
+            return json.loads(line[len(RESULT_TAG):])
+    sys.stderr.write(f"[{cfg}] failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}\n")
+    return None
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def fmt_rate(x: float) -> str:
+    return f"{x / 1e6:.2f}M"
+
+
+def fmt_opt(x, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def summarize(results: dict, configs: list[str]) -> list[str]:
+    """Markdown table, one row per configuration. ratio: median tokens/s over raw's median tokens/s;
+    per-round ratios: against the raw run of the same round (shows the noise)."""
+    med = {}
+    for cfg in configs:
+        rs = [r for r in results[cfg] if r]
+        if rs:
+            med[cfg] = statistics.median(r["tokens"] / r["seconds"] for r in rs)
+    base = med.get("raw")
+    cols = ["configuration", "tokens/s median (min-max)", "ratio vs raw", "per-round ratios", "pass s",
+            "CPU s", "tokens/CPU-s", "startup s", "1st batch s", "rows", "peak RSS MiB main / worker", "reps"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for cfg in configs:
+        runs = results[cfg]
+        rs = [r for r in runs if r]
+        name = cfg if cfg.startswith("raw") else f"zephon/{cfg}"
+        if not rs:
+            lines.append(f"| {name} | failed |" + " |" * (len(cols) - 3) + f" 0/{len(runs)} |")
+            continue
+        rates = [r["tokens"] / r["seconds"] for r in rs]
+        per_round = []
+        for r, b in zip(runs, results.get("raw", [])):
+            if r and b:
+                per_round.append(f"{(r['tokens'] / r['seconds']) / (b['tokens'] / b['seconds']):.2f}")
+        cpu = statistics.median(r["cpu"] for r in rs)
+        startup = [r["startup"] for r in rs if r.get("startup") is not None]
+        first = [r["first_batch"] for r in rs if r.get("first_batch") is not None]
+        wrss = [r["rss_worker_mib"] for r in rs if r.get("rss_worker_mib") is not None]
+        cells = [
+            name,
+            f"{fmt_rate(med[cfg])} ({fmt_rate(min(rates))}-{fmt_rate(max(rates))})",
+            f"{med[cfg] / base:.2f}" if base else "-",
+            " ".join(per_round) or "-",
+            f"{statistics.median(r['seconds'] for r in rs):.2f}",
+            f"{cpu:.2f}",
+            fmt_rate(statistics.median(r["tokens"] / r["cpu"] for r in rs if r["cpu"] > 0)),
+            fmt_opt(statistics.median(startup) if startup else None, ".2f"),
+            fmt_opt(statistics.median(first) if first else None, ".2f"),
+            str(rs[0]["rows"]),
+            f"{max(r['rss_main_mib'] for r in rs):.0f} / " + (f"{max(wrss):.0f}" if wrss else "-"),
+            f"{len(rs)}/{len(runs)}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def main(argv=None) -> int:
+    from zephon.demo_corpus import default_workdir
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.throughput", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", default=default_workdir(), help="demo corpus and tokenizer cache (default: %(default)s)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed repetitions per configuration (default 3; 1 with --quick)")
+    ap.add_argument("--runners", default=DEFAULT_RUNNERS, help="comma-separated zephon runners (default: %(default)s)")
+    ap.add_argument("--workers", type=int, default=2, help="num_workers of the threads/processes runners")
+    ap.add_argument("--canonical-replicas", type=int, default=8, help="lanes")
+    ap.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
+    ap.add_argument("--quick", action="store_true", help="one shard per dataset (~1/4 of the documents), 1 repetition")
+    ap.add_argument("--seq-len", type=int, default=2048, help="pack length / row length")
+    ap.add_argument("--chunk-size", type=int, default=1024)
+    ap.add_argument("--unit-size", type=int, default=256,
+                    help="documents per worker unit; also the raw baseline's encode batch size")
+    ap.add_argument("--micro-batch-size", type=int, default=8)
+    ap.add_argument("--shuffle-buffer", type=int, default=0, help="add Shuffle(N) after Pack (0 = none)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-raw-read", action="store_true", help="skip the raw+read reference row")
+    ap.add_argument("--child", metavar="CONFIG",
+                    help="internal: run one configuration (raw, raw+read or a runner) in this process and print "
+                         "its result as JSON; combine with --profile to profile it")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="with --child RUNNER: cProfile the timed pass, print the top N functions by cumulative "
+                         "and by own time to stderr")
+    args = ap.parse_args(argv)
+    if args.child:
+        run_child(args)
+        return 0
+    repeats = args.repeats or (1 if args.quick else 3)
+    runners = [r.strip() for r in args.runners.split(",") if r.strip()]
+    from zephon.engine import RUNNERS
+    bad = [r for r in runners if r not in RUNNERS]
+    if bad:
+        ap.error(f"unknown runner(s) {bad}; choose from {RUNNERS}")
+
+    # Build the corpus, tokenizer and JSONL index caches once, before any child (so no child builds them).
+    sources, _ = corpus_paths(args)
+    datasets = open_datasets(sources)
+    ndocs = sum(ds.num_samples for ds in datasets)
+    covered = len(set(all_pointers(args, datasets)))
+    configs = ["raw"] + ([] if args.no_raw_read else ["raw+read"]) + runners
+    print(f"# zephon throughput: {args.format}, {ndocs} documents ({covered} read in one pass), "
+          f"seq_len={args.seq_len}, best_fit, micro_batch={args.micro_batch_size}, "
+          f"canonical_replicas={args.canonical_replicas}, workers={args.workers}, unit_size={args.unit_size}, "
+          f"chunk_size={args.chunk_size}, shuffle_buffer={args.shuffle_buffer}, repeats={repeats}")
+    print(f"# machine: nproc={os.cpu_count()}, cpu={cpu_model()}, python={platform.python_version()}, "
+          f"{datetime.datetime.now().astimezone().isoformat(timespec='seconds')}", flush=True)
+
+    results = {cfg: [] for cfg in configs}
+    for rep in range(repeats):
+        for cfg in configs:
+            res = run_config(args, cfg)
+            results[cfg].append(res)
+            if res:
+                print(f"  round {rep + 1}/{repeats} {cfg:>10}: {res['tokens'] / res['seconds'] / 1e6:6.2f}M tok/s "
+                      f"({res['tokens']} tokens, {res['seconds']:.2f} s, {res['cpu']:.2f} CPU s)", flush=True)
+    lines = summarize(results, configs)
+    print()
+    print("\n".join(lines))
+    tokens = {cfg: {r["tokens"] for r in results[cfg] if r} for cfg in configs}
+    ref = tokens.get("raw")
+    for cfg in configs:
+        if ref and tokens[cfg] and tokens[cfg] != ref:
+            print(f"NOTE: {cfg} delivered {sorted(tokens[cfg])} tokens, raw {sorted(ref)}: counts differ")
+    if ref and all(tokens[c] == ref for c in configs if tokens[c]):
+        print(f"token counts agree: every configuration delivered {next(iter(ref))} real tokens per pass")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Invariant 6: bad input gets a clear error naming file, shard and sample (or what differs);
+the skip option counts and reports instead."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from zephon.engine import CheckpointError, merge_states
+from zephon.formats import DataError, open_dataset
+from zephon.work import TopologyError
+
+from helpers import make_loader
+
+
+def _write_jsonl(path, texts, bad_lines=()):
+    with open(path, "w") as fh:
+        for i, t in enumerate(texts):
+            fh.write((bad_lines[i] if i in bad_lines else json.dumps({"text": t})) + "\n")
+
+
+def _drain(loader, limit=10_000):
+    out = []
+    for k, mb in enumerate(loader):
+        out.append(mb)
+        if k >= limit:
+            break
+    loader.close()
+    return out
+
+
+@pytest.fixture
+def texts(stdlib_texts):
+    return stdlib_texts[0][:40]
+
+
+def test_malformed_jsonl_line_names_file_shard_sample(tmp_path, texts, tokenizer_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    _write_jsonl(d / "a.jsonl", texts)
+    _write_jsonl(d / "b.jsonl", texts, bad_lines={7: '{"text": "unterminated'})
+    L = make_loader([str(d)], tokenizer_path, canonical_replicas=1, exhaustion="stop", global_batch_size=1)
+    with pytest.raises(DataError) as e:
+        _drain(L)
+    msg = str(e.value)
+    assert str(d / "b.jsonl") in msg and "shard 1" in msg and "sample 7" in msg and "line 8" in msg
+
+
+def test_missing_field_names_file_shard_sample_and_field(tmp_path, texts, tokenizer_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    _write_jsonl(d / "a.jsonl", texts, bad_lines={3: json.dumps({"body": "no text field here"})})
+    L = make_loader([str(d)], tokenizer_path, canonical_replicas=1, exhaustion="stop", global_batch_size=1)
+    with pytest.raises(DataError) as e:
+        _drain(L)
+    msg = str(e.value)
+    assert str(d / "a.jsonl") in msg and "shard 0" in msg and "sample 3" in msg and "'text'" in msg
+
+
+def test_skip_mode_counts_and_reports_and_keeps_the_rest(tmp_path, texts, tokenizer_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    _write_jsonl(d / "a.jsonl", texts, bad_lines={2: "not json", 30: "[1, 2]"})
+    L = make_loader([str(d)], tokenizer_path, canonical_replicas=2, exhaustion="stop", global_batch_size=2,
+                    drop_last=False, on_error="skip", max_length=4096)
+    positions = [p for mb in _drain(L) for srcs in mb["__src__"] for p, _ in srcs]
+    stats = L.stats()
+    assert stats["skipped"] == 2 and len(stats["skipped_messages"]) == 2
+    assert any("sample 2" in m for m in stats["skipped_messages"])
+    assert any("sample 30" in m for m in stats["skipped_messages"])
+    assert len(positions) == len(set(positions)) == len(texts) - 2
+
+
+def test_empty_file_is_refused_naming_it(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(DataError, match="empty.jsonl"):
+        open_dataset(str(tmp_path / "empty.jsonl"))
+
+
+def test_truncated_zst_is_refused_naming_it(tmp_path, texts):
+    blob = zstandard.ZstdCompressor().compress("".join(json.dumps({"text": t}) + "\n" for t in texts).encode())
+    (tmp_path / "cut.jsonl.zst").write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(DataError, match="cut.jsonl.zst"):
+        open_dataset(str(tmp_path / "cut.jsonl.zst"))
+
+
+def test_truncated_gz_is_refused_naming_it(tmp_path, texts):
+    blob = gzip.compress("".join(json.dumps({"text": t}) + "\n" for t in texts).encode())
+    (tmp_path / "cut.jsonl.gz").write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(DataError, match="cut.jsonl.gz"):
+        open_dataset(str(tmp_path / "cut.jsonl.gz"))
+
+
+def test_parquet_without_the_column_is_refused_naming_file_and_column(tmp_path):
+    pq.write_table(pa.table({"body": ["a", "b"]}), tmp_path / "x.parquet")
+    with pytest.raises(DataError) as e:
+        open_dataset(str(tmp_path / "x.parquet"), columns=["text"])
+    assert "x.parquet" in str(e.value) and "text" in str(e.value)
+
+
+def test_dp_degree_that_does_not_divide_is_refused(corpus, tokenizer_path):
+    with pytest.raises(TopologyError, match=r"dp_degree=3 does not divide canonical_replicas=8.*\[1, 2, 4, 8\]"):
+        make_loader([corpus["docs_jsonl"]], tokenizer_path, dp=3)
+
+
+@pytest.mark.parametrize("change, expected", [
+    (dict(seed=1), "work.seed: checkpoint has 0, this loader has 1"),
+    (dict(weights=[0.5, 0.5]), "work.weights"),
+    (dict(max_length=64), "max_length"),
+    (dict(chunk_size=64), "work.chunk_size"),
+    (dict(canonical_replicas=4, global_batch_size=8), "canonical_replicas"),
+    (dict(shuffle_buffer=0), "ops"),
+])
+def test_checkpoint_from_another_config_says_what_differs(corpus, tokenizer_path, change, expected):
+    dirs = [corpus["docs_jsonl"], corpus["code_jsonl"]]
+    base = dict(weights=[0.7, 0.3])
+    state = make_loader(dirs, tokenizer_path, **base).checkpoint()
+    other = make_loader(dirs, tokenizer_path, **{**base, **change})
+    with pytest.raises(CheckpointError, match="another config") as e:
+        other.restore(state)
+    assert expected in str(e.value)
+
+
+def test_checkpoint_from_other_datasets_is_refused(corpus, tokenizer_path):
+    state = make_loader([corpus["docs_jsonl"]], tokenizer_path).checkpoint()
+    with pytest.raises(CheckpointError, match="datasets"):
+        make_loader([corpus["code_jsonl"]], tokenizer_path).restore(state)
+
+
+def test_restoring_with_missing_lanes_names_them(corpus, tokenizer_path):
+    ranks = [make_loader([corpus["docs_jsonl"]], tokenizer_path, dp=4, rank=r) for r in range(4)]
+    with pytest.raises(CheckpointError, match=r"lacks lanes \[4, 5\]"):
+        make_loader([corpus["docs_jsonl"]], tokenizer_path, dp=1).restore(ranks[0].checkpoint() | {
+            "lanes": [e for r in (0, 1, 3) for e in ranks[r].checkpoint()["lanes"]]})
+    with pytest.raises(CheckpointError, match=r"lacks lanes 2-3 of 8"):
+        merge_states([ranks[r].checkpoint() for r in (0, 2, 3)])
+
+
+def test_not_a_checkpoint_is_refused(corpus, tokenizer_path):
+    with pytest.raises(CheckpointError, match="not a Zephon checkpoint"):
+        make_loader([corpus["docs_jsonl"]], tokenizer_path).restore({"epoch": 3})
