@@ -171,23 +171,23 @@ def raw_pack(tokenizer, texts, eos: int, batch: int, seq_len: int):
     return rows, total
 
 
-def read_sequential(sources, fmt: str, wanted: set):
-    """Read every shard file of every dataset front to back (json.loads / pyarrow), keep the texts of
-    ``wanted`` (dataset_id, shard_id, sample_idx)."""
+def read_sequential(sources, fmt: str, ptrs: list):
+    """Read every shard file of every dataset front to back (json.loads / pyarrow) and return the
+    texts at ``ptrs`` ((dataset_id, shard_id, sample_idx)), in ``ptrs`` order (the same order as the
+    raw row, so tokenizer caches behave alike)."""
     import pyarrow.parquet as pq
 
-    texts = []
+    found = {}
     for d, src in enumerate(sources):
         files = src if isinstance(src, list) else sorted(str(p) for p in Path(src).glob(f"part-*.{fmt}"))
         for s, f in enumerate(files):
             if fmt == "jsonl":
                 with open(f, "rb") as fh:
-                    recs = (json.loads(line)["text"] for line in fh if line.strip())
-                    texts.extend(t for i, t in enumerate(recs) if (d, s, i) in wanted)
+                    col = [json.loads(line)["text"] for line in fh if line.strip()]
             else:
                 col = pq.read_table(f, columns=["text"]).column("text").to_pylist()
-                texts.extend(t for i, t in enumerate(col) if (d, s, i) in wanted)
-    return texts
+            found.update(((d, s, i), t) for i, t in enumerate(col))
+    return [found[p] for p in ptrs]
 
 
 def child_raw(args, with_read: bool) -> dict:
@@ -200,11 +200,10 @@ def child_raw(args, with_read: bool) -> dict:
     eos = tok.token_to_id("<eos>")
     texts = read_texts(datasets, ptrs)
     raw_pack(tok, texts[:args.unit_size], eos, args.unit_size, args.seq_len)  # warm-up (thread pool, caches)
-    wanted = set(ptrs)
     c0 = cpu_seconds([])
     t0 = time.perf_counter()
     if with_read:
-        texts = read_sequential(sources, args.format, wanted)
+        texts = read_sequential(sources, args.format, ptrs)
     rows, tokens = raw_pack(tok, texts, eos, args.unit_size, args.seq_len)
     elapsed = time.perf_counter() - t0
     cpu = cpu_seconds([]) - c0
@@ -227,8 +226,14 @@ def build_loader(args, datasets, tok_path, runner):
 
 
 def one_pass(loader):
-    """Iterate to exhaustion. Returns (tokens, rows, perf_counter at the first micro-batch, seconds total)."""
+    """Iterate to exhaustion. Returns (tokens, rows, perf_counter at the first micro-batch, seconds,
+    output digest). The digest (SHA-256 over every micro-batch's lane and input_ids, in delivery
+    order) shows that all runners deliver the same bytes; its hashing time is left out of the seconds."""
+    import hashlib
+
+    digest = hashlib.sha256()
     tokens = rows = 0
+    hashing = 0.0
     t0 = time.perf_counter()
     first = None
     for mb in loader:
@@ -237,7 +242,11 @@ def one_pass(loader):
         mask = mb["attention_mask"]
         tokens += int(mask.sum(dtype=np.int64))
         rows += mask.shape[0]
-    return tokens, rows, first, time.perf_counter() - t0
+        h0 = time.perf_counter()
+        digest.update(int(mb["__lane__"]).to_bytes(4, "little"))
+        digest.update(np.ascontiguousarray(mb["input_ids"]).tobytes())
+        hashing += time.perf_counter() - h0
+    return tokens, rows, first, time.perf_counter() - t0 - hashing, digest.hexdigest()[:16]
 
 
 def child_zephon(args, runner_name: str) -> dict:
@@ -250,7 +259,7 @@ def child_zephon(args, runner_name: str) -> dict:
     # unpickling, tokenizer load) stays out of the timed pass; it is reported as ``startup``.
     probe = build_loader(args, datasets, tok_path, "inline")
     runner = make_runner(runner_name, probe.stage, args.workers)
-    _, _, first_warm, _ = one_pass(build_loader(args, datasets, tok_path, runner))  # warm-up pass
+    _, _, first_warm, _, _ = one_pass(build_loader(args, datasets, tok_path, runner))  # warm-up pass
     startup = (first_warm or time.perf_counter()) - t_start
     loader = build_loader(args, datasets, tok_path, runner)
     prof = None
@@ -261,7 +270,7 @@ def child_zephon(args, runner_name: str) -> dict:
     pids = worker_pids()
     c0 = cpu_seconds(pids)
     t0 = time.perf_counter()
-    tokens, rows, first, elapsed = one_pass(loader)
+    tokens, rows, first, elapsed, digest = one_pass(loader)
     cpu = cpu_seconds(pids) - c0
     rss_workers = [r for r in (peak_rss_mib(pid) for pid in pids) if r is not None]
     if prof is not None:
@@ -271,7 +280,7 @@ def child_zephon(args, runner_name: str) -> dict:
             pstats.Stats(prof, stream=sys.stderr).sort_stats(key).print_stats(args.profile)
     st = loader.stats()
     runner.close()
-    return {"tokens": tokens, "rows": rows, "seconds": elapsed, "cpu": cpu, "startup": startup,
+    return {"tokens": tokens, "rows": rows, "seconds": elapsed, "cpu": cpu, "startup": startup, "digest": digest,
             "first_batch": (first - t0) if first else None, "rss_main_mib": peak_rss_mib(),
             "rss_worker_mib": max(rss_workers) if rss_workers else None, "workers_seen": len(pids),
             "stats": {k: v for k, v in st.items() if k != "skipped_messages"}}
@@ -429,7 +438,7 @@ def main(argv=None) -> int:
 
     results = {cfg: [] for cfg in configs}
     for rep in range(repeats):
-        for cfg in configs:
+        for cfg in configs[rep % len(configs):] + configs[:rep % len(configs)]:  # rotate: no fixed neighbours
             res = run_config(args, cfg)
             results[cfg].append(res)
             if res:
@@ -445,6 +454,11 @@ def main(argv=None) -> int:
             print(f"NOTE: {cfg} delivered {sorted(tokens[cfg])} tokens, raw {sorted(ref)}: counts differ")
     if ref and all(tokens[c] == ref for c in configs if tokens[c]):
         print(f"token counts agree: every configuration delivered {next(iter(ref))} real tokens per pass")
+    digests = {r["digest"] for cfg in runners for r in results[cfg] if r}
+    if len(digests) == 1:
+        print(f"output digest {next(iter(digests))}: identical bytes from every runner and repetition")
+    elif digests:
+        print(f"NOTE: runners delivered different bytes: {sorted(digests)} (determinism bug?)")
     return 0
 
 

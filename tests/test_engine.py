@@ -150,3 +150,17 @@ def test_stats_count_replayed_rows_without_redelivering(corpus, tokenizer_path):
         h.add(next(iters))
     assert c.stats()["delivered_rows"] == 6 * 16
     assert {s: d for s, d in h.digests().items()} == {s: h_ref.digests()[s] for s in (3, 4, 5)}
+
+
+def test_local_aggregator_merges_once_every_rank_contributed(corpus, tokenizer_path):
+    from zephon.dist import LocalAggregator
+    from zephon.engine import CheckpointError
+
+    ranks = [make_loader([corpus["docs_jsonl"]], tokenizer_path, dp=4, rank=r) for r in range(4)]
+    agg = LocalAggregator(4)
+    results = [agg.gather(r, L.checkpoint()) for r, L in enumerate(ranks)]
+    assert results[:3] == [None, None, None]
+    assert [e["lane"] for e in results[3]["lanes"]] == list(range(8))
+    agg.gather(0, ranks[0].checkpoint())
+    with pytest.raises(CheckpointError, match="twice"):
+        agg.gather(0, ranks[0].checkpoint())

@@ -53,6 +53,8 @@ class LaneState:
         self.seq_release = 0
         self.pending: dict[int, object] = {}  # seq -> Future | SENTINEL | END
         self.finished = False    # END released: no more rows will come
+        self.units_released = 0  # for the rows-per-unit estimate that paces dispatch
+        self.total_produced = 0
         # stats
         self.skipped = 0
         self.skipped_messages: list[str] = []
@@ -61,6 +63,14 @@ class LaneState:
     # -- dispatch ---------------------------------------------------------------------------
     def inflight(self) -> int:
         return sum(1 for p in self.pending.values() if p not in (SENTINEL, END))
+
+    def expected_rows(self) -> float:
+        """Rows buffered plus those the units in flight should yield (from this lane's rows per unit so
+        far; unknown until the first unit is released, so then one unit in flight counts as enough)."""
+        inflight = self.inflight()
+        if not self.units_released:
+            return float("inf") if inflight else len(self.rows)
+        return len(self.rows) + inflight * self.total_produced / self.units_released
 
     def can_dispatch(self) -> bool:
         return not self.source_done
@@ -101,6 +111,7 @@ class LaneState:
                     break
                 res = item.result()
                 self._absorb(res)
+                self.units_released += 1
             del self.pending[self.seq_release]
             self.seq_release += 1
             released = True
@@ -154,6 +165,7 @@ class LaneState:
         return carry
 
     def _emit(self, rows: list) -> None:
+        self.total_produced += len(rows)
         for row in rows:
             self.produced += 1
             if self.epoch == self.replay_epoch and self.produced <= self.replay_skip:

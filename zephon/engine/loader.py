@@ -157,32 +157,30 @@ class Loader:
     def _ensure(self, lane: int, n: int) -> None:
         st = self._state[lane]
         while len(st.rows) < n and not st.finished:
-            self._fill(lane)
+            self._fill(lane, n)
             st.release(block=True)
 
-    def _fill(self, priority: int) -> None:
-        """Keep the runner busy: first the lane the tail waits on, then the next lanes in tail order
-        whose buffers are short. Dispatch order never changes output (per-lane sequence numbers)."""
+    def _fill(self, priority: int, need: int) -> None:
+        """Dispatch work: the lane the tail waits on until its expected rows cover ``need``, then one
+        unit each for the next lanes in tail order that will be short next step, while the runner has
+        capacity. Dispatch order never changes output (per-lane sequence numbers), only speed."""
         runner, lanes = self._runner, self._state
         st = lanes[priority]
         if not st.pending and st.can_dispatch():
             st.dispatch(runner)
         inflight = sum(s.inflight() for s in lanes.values())
-        order = self.lanes[self.lanes.index(priority):] + self.lanes[:self.lanes.index(priority)]
-        progress = True
-        while inflight < runner.capacity and progress:
-            progress = False
-            for lane in order:
-                s = lanes[lane]
-                if not s.can_dispatch() or (lane != priority and (len(s.rows) >= self.rows_per_step
-                                                                   or s.inflight() >= 1)):
-                    continue
-                before = s.inflight()
+        while inflight < runner.capacity and st.can_dispatch() and st.expected_rows() < need:
+            before = st.inflight()
+            st.dispatch(runner)
+            inflight += st.inflight() - before
+        i = self.lanes.index(priority)
+        for lane in self.lanes[i + 1:] + self.lanes[:i]:
+            if inflight >= runner.capacity:
+                break
+            s = lanes[lane]
+            if s.can_dispatch() and not s.inflight() and s.expected_rows() < self.rows_per_step:
                 s.dispatch(runner)
-                inflight += s.inflight() - before
-                progress = True
-                if inflight >= runner.capacity:
-                    break
+                inflight += s.inflight()
 
     # -- reporting ------------------------------------------------------------------------------
     def stats(self) -> dict:
