@@ -45,10 +45,8 @@ def test_verify_reports_the_first_differing_step(corpus, tokenizer_path):
     from zephon.ops import Map
 
     def make(dp, rank, micro_batch, runner):
-        L = make_loader([corpus["docs_jsonl"]], tokenizer_path, dp=dp, rank=rank, micro_batch=micro_batch,
-                        runner=runner)
-        L.stage.ops.insert(1, Map(_nondeterministic))
-        return L
+        return make_loader([corpus["docs_jsonl"]], tokenizer_path, dp=dp, rank=rank, micro_batch=micro_batch,
+                           runner=runner, extra_ops=[Map(_nondeterministic)])
 
     report = elastic_verify(make, dp=2, resume_dps=[4], checkpoint_step=2, steps=4, runner="inline")
     assert report["mismatches"] and report["mismatches"][0][1] == 0

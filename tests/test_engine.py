@@ -164,3 +164,12 @@ def test_local_aggregator_merges_once_every_rank_contributed(corpus, tokenizer_p
     agg.gather(0, ranks[0].checkpoint())
     with pytest.raises(CheckpointError, match="twice"):
         agg.gather(0, ranks[0].checkpoint())
+
+
+def test_a_runner_built_for_another_config_is_refused(corpus, tokenizer_path):
+    from zephon.engine import make_runner
+
+    other = make_loader([corpus["code_jsonl"]], tokenizer_path)
+    runner = make_runner("inline", other.stage)
+    with pytest.raises(ValueError, match="shared runner"):
+        make_loader([corpus["docs_jsonl"]], tokenizer_path, runner=runner)

@@ -26,6 +26,7 @@ class Phase:
     digests: dict = field(default_factory=dict)
     first_batch_s: float = 0.0
     seconds: float = 0.0
+    cold: "Phase | None" = None  # for a resume: a fresh start with the same dp and runner
 
 
 def run_phase(make_loader, phase: Phase, restore_from: dict | None = None, progress=None) -> list:
@@ -85,14 +86,15 @@ def elastic_verify(make_loader, *, dp: int, resume_dps, checkpoint_step: int, st
                    resume_workers if resume_workers is not None else workers, resume_micro_batch or micro_batch)
         run_phase(make_loader, ph, restore_from=state, progress=progress)
         resumes.append(ph)
-    cold = Phase(f"cold start dp={dp}", dp, 0, 1, runner, workers, micro_batch)
-    run_phase(make_loader, cold)
+    for ph in resumes:  # the fair comparison: a fresh start on the same dp degree and runner
+        ph.cold = Phase(f"cold start dp={ph.dp}", ph.dp, 0, 1, ph.runner, ph.workers, ph.micro_batch)
+        run_phase(make_loader, ph.cold)
     mismatches = []
     for ph in [first, *resumes]:
         bad = [s for s in range(ph.start, ph.stop) if ph.digests.get(s) != ref.digests.get(s)]
         if bad:
             mismatches.append((ph.name, bad[0]))
-    return {"reference": ref, "checkpointed": first, "resumes": resumes, "cold_start": cold,
+    return {"reference": ref, "checkpointed": first, "resumes": resumes,
             "checkpoint": state, "checkpoint_bytes": len(blob.encode()), "mismatches": mismatches}
 
 

@@ -77,6 +77,9 @@ class Loader:
         n_work = next((i for i, op in enumerate(ops) if op.stateful), len(ops))
         self.stage = WorkStage(self.datasets, ops[:n_work])
         self.chain_ops = ops[n_work:]
+        if isinstance(runner, Runner) and runner.stage.fingerprint() != self.stage.fingerprint():
+            raise ValueError("the shared runner was built for other datasets or operators; build it with "
+                             "make_runner(name, loader.stage) from a loader of the same config")
         self._runner_spec, self.num_workers = runner, num_workers
         self._runner: Runner | None = runner if isinstance(runner, Runner) else None
         self._owns_runner = not isinstance(runner, Runner)

@@ -43,6 +43,10 @@ class WorkStage:
         self.datasets = list(datasets)
         self.ops = list(ops)
 
+    def fingerprint(self) -> list:
+        """Plain data identifying what this stage computes (datasets and operators)."""
+        return [d.fingerprint() for d in self.datasets] + [op.fingerprint() for op in self.ops]
+
     def run(self, ptrs) -> UnitResult:
         """``ptrs``: a ``work.ChunkPointers`` slice. Returns a ``UnitResult``; never raises for bad data."""
         res = UnitResult()
