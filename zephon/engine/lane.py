@@ -136,33 +136,29 @@ class LaneState:
         self._emit(self._push_chain(res.records))
 
     def _push_chain(self, records: list) -> list:
+        return self._run_chain(records, flush=False)
+
+    def _flush_chain(self) -> list:
+        return self._run_chain([], flush=True)
+
+    def _run_chain(self, records: list, flush: bool) -> list:
+        """Push ``records`` through the pump-side operators; with ``flush``, each accumulator flushes
+        after taking what the previous one emitted (a sentinel passing through, in order)."""
         try:
             for op, acc in self.chain:
                 if acc is None:
+                    before = len(records)
                     records = op.process_many(records)
+                    if op.name == "filter":
+                        self.filtered += before - len(records)
                 else:
                     out = []
                     for r in records:
                         out.extend(acc.push(r))
-                    records = out
+                    records = out + acc.flush() if flush else out
         except RecordError as e:
             raise error_for(self.datasets, e.src, str(e)) from None
         return records
-
-    def _flush_chain(self) -> list:
-        carry: list = []
-        try:
-            for op, acc in self.chain:
-                if acc is None:
-                    carry = op.process_many(carry)
-                else:
-                    out = []
-                    for r in carry:
-                        out.extend(acc.push(r))
-                    carry = out + acc.flush()
-        except RecordError as e:
-            raise error_for(self.datasets, e.src, str(e)) from None
-        return carry
 
     def _emit(self, rows: list) -> None:
         self.total_produced += len(rows)

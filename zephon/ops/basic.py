@@ -46,11 +46,9 @@ class Decode(Operator):
         return out
 
 
-class Map(Operator):
-    """Apply ``fn(record) -> record`` to each record. ``fn`` must be deterministic, and picklable (a
-    module-level function) for the ``processes`` runner. ``name`` enters the fingerprint."""
-
-    name = "map"
+class _FnOperator(Operator):
+    """An operator around a user function ``fn(record)``; ``name`` (default: its qualified name) enters
+    the fingerprint. ``fn`` must be deterministic, and picklable (module-level) for ``processes``."""
 
     def __init__(self, fn, name: str | None = None):
         self.fn = fn
@@ -59,38 +57,33 @@ class Map(Operator):
     def fingerprint(self) -> dict:
         return {"op": self.name, "fn": self.label}
 
+    def _call(self, r: dict):
+        try:
+            return self.fn(r)
+        except Exception as e:  # name the sample: user code sees bad data first
+            raise RecordError(f"{self.name} {self.label} failed: {type(e).__name__}: {e}", r) from e
+
+
+class Map(_FnOperator):
+    """Apply ``fn(record) -> record`` to each record (``__src__`` is carried over when ``fn`` drops it).
+    Raises ``RecordError`` naming the record when ``fn`` raises."""
+
+    name = "map"
+
     def process_many(self, records: list[dict]) -> list[dict]:
         out = []
         for r in records:
-            try:
-                new = self.fn(r)
-            except Exception as e:  # name the sample: user code sees bad data first
-                raise RecordError(f"map {self.label} failed: {type(e).__name__}: {e}", r) from e
+            new = self._call(r)
             new.setdefault("__src__", r["__src__"])
             out.append(new)
         return out
 
 
-class Filter(Operator):
+class Filter(_FnOperator):
     """Keep records where ``fn(record)`` is true. Dropped records are counted by the engine
-    (``stats()["filtered"]``), never silently lost."""
+    (``stats()["filtered"]``), never silently lost. Raises ``RecordError`` when ``fn`` raises."""
 
     name = "filter"
 
-    def __init__(self, fn, name: str | None = None):
-        self.fn = fn
-        self.label = name or _callable_name(fn)
-
-    def fingerprint(self) -> dict:
-        return {"op": self.name, "fn": self.label}
-
     def process_many(self, records: list[dict]) -> list[dict]:
-        out = []
-        for r in records:
-            try:
-                keep = self.fn(r)
-            except Exception as e:
-                raise RecordError(f"filter {self.label} failed: {type(e).__name__}: {e}", r) from e
-            if keep:
-                out.append(r)
-        return out
+        return [r for r in records if self._call(r)]
