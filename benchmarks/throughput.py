@@ -332,6 +332,18 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def code_version() -> str:
+    """``git describe``-like identity of the code measured: commit, plus a note when zephon/ has local changes."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=str(REPO), capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "zephon"], cwd=str(REPO), capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head or "unknown") + (" + uncommitted changes in zephon/" if dirty else "")
+
+
 def fmt_rate(x: float) -> str:
     return f"{x / 1e6:.2f}M"
 
@@ -434,7 +446,7 @@ def main(argv=None) -> int:
           f"canonical_replicas={args.canonical_replicas}, workers={args.workers}, unit_size={args.unit_size}, "
           f"chunk_size={args.chunk_size}, shuffle_buffer={args.shuffle_buffer}, repeats={repeats}")
     print(f"# machine: nproc={os.cpu_count()}, cpu={cpu_model()}, python={platform.python_version()}, "
-          f"{datetime.datetime.now().astimezone().isoformat(timespec='seconds')}", flush=True)
+          f"{datetime.datetime.now().astimezone().isoformat(timespec='seconds')}, code {code_version()}", flush=True)
 
     results = {cfg: [] for cfg in configs}
     for rep in range(repeats):

@@ -26,6 +26,12 @@ def test_verify_passes_on_jsonl_mixture_with_runner_and_micro_batch_change(corpu
     assert all(report["runs"]["resume dp=8"][s] == report["reference"][s] for s in ("3", "4", "5"))
 
 
+def test_verify_passes_with_token_level_mixture_correction(corpus, tokenizer_path, capsys):
+    rc = main(["verify", "--data", corpus["docs_jsonl"], "--data", corpus["code_jsonl"], "--weights", "1,1",
+               "--tokenizer", tokenizer_path, *SMALL, "--ensure-mixture", "--runner", "inline"])
+    assert rc == 0, capsys.readouterr().out
+
+
 def test_verify_passes_on_parquet(corpus, tokenizer_path, capsys):
     rc = main(["verify", "--data", corpus["docs_parquet"], "--data", corpus["code_parquet"], "--weights", "1,1",
                "--tokenizer", tokenizer_path, *SMALL, "--runner", "inline"])

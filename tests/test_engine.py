@@ -173,3 +173,38 @@ def test_a_runner_built_for_another_config_is_refused(corpus, tokenizer_path):
     runner = make_runner("inline", other.stage)
     with pytest.raises(ValueError, match="shared runner"):
         make_loader([corpus["docs_jsonl"]], tokenizer_path, runner=runner)
+
+
+def _token_shares(loader, steps):
+    import numpy as np
+
+    tokens = np.zeros(2)
+    it = iter(loader)
+    for _ in range(steps * len(loader.lanes) * 2):
+        mb = next(it)
+        for srcs, cu in zip(mb["__src__"], mb["cu_seqlens"]):
+            positions = np.array([p for p, _ in srcs], dtype=np.int64)
+            ds, _ = loader.source.mixture.assign(positions)
+            np.add.at(tokens, ds, np.diff(cu))
+    it.close()
+    loader.close()
+    return tokens / tokens.sum()
+
+
+def test_token_level_mixture_correction_hits_token_shares(corpus, tokenizer_path):
+    """Docstrings are much shorter than code blocks: mixing 1:1 by samples gives far from 1:1 tokens;
+    corrected weights + EnsureMixture bring the delivered token shares close to 1:1."""
+    from zephon.ops import Decode, EnsureMixture, Tokenize, token_corrected_weights
+
+    dirs = [corpus["docs_jsonl"], corpus["code_jsonl"]]
+    plain = _token_shares(make_loader(dirs, tokenizer_path, weights=[1, 1], shuffle_buffer=0), 40)
+    base = make_loader(dirs, tokenizer_path)
+    dec, tok = Decode(), Tokenize(tokenizer_path, eos_id="<eos>")
+    w = token_corrected_weights(base.datasets, [1, 1], lambda rs: [r["num_tokens"] for r in
+                                                                   tok.process_many(dec.process_many(rs))],
+                                sample_size=2000)
+    fixed = _token_shares(make_loader(dirs, tokenizer_path, weights=w, shuffle_buffer=0), 40)
+    assert abs(plain[0] - 0.5) > 0.2          # the problem is real on this corpus
+    assert abs(fixed[0] - 0.5) < 0.05         # and the correction fixes it
+    with_acc = make_loader(dirs, tokenizer_path, weights=w, shuffle_buffer=0, pre_pack_ops=[EnsureMixture([1, 1])])
+    assert abs(_token_shares(with_acc, 40)[0] - 0.5) < 0.05

@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 def _build_pipeline(args, tokenizer_path):
     from .formats import open_dataset
-    from .ops import Batch, Decode, EnsureMixture, Pack, Shuffle, Tokenize
+    from .ops import Batch, Decode, EnsureMixture, Pack, Shuffle, Tokenize, token_corrected_weights
 
     datasets = [open_dataset(p, format=args.format, columns=[args.field], on_error=args.on_error)
                 for p in args.data]
@@ -20,9 +20,14 @@ def _build_pipeline(args, tokenizer_path):
     if len(weights) != len(datasets):
         raise SystemExit(f"zephon: {len(weights)} weights for {len(datasets)} --data paths")
     tok = Tokenize(tokenizer_path, field=args.field, eos_id=args.eos_token, max_length=args.max_length)
-    ops = [Decode(args.field), tok]
+    decode = Decode(args.field)
+    ops = [decode, tok]
     if args.ensure_mixture and len(datasets) > 1:
+        # sample weights from measured document lengths, so token shares (not sample shares) hit the target
         ops.append(EnsureMixture(weights))
+        weights = token_corrected_weights(
+            datasets, weights, lambda recs: [r["num_tokens"] for r in tok.process_many(decode.process_many(recs))],
+            seed=args.seed)
     ops.append(Pack(args.max_length, method=args.pack_method))
     if args.shuffle_buffer:
         ops.append(Shuffle(args.shuffle_buffer, seed=args.seed))
@@ -175,7 +180,9 @@ def _pipeline_args(p, demo: bool) -> None:
     p.add_argument("--flush-every-k-chunks", type=int, default=1, help="chunks between flush sentinels")
     p.add_argument("--shuffle-buffer", type=int, default=32, help="rows in the shuffle buffer (0 = off)")
     p.add_argument("--pack-method", default="best_fit", choices=["best_fit", "first_fit"])
-    p.add_argument("--ensure-mixture", action="store_true", help="token-level mixture correction")
+    p.add_argument("--ensure-mixture", action="store_true",
+                   help="weights are token shares: correct sample weights by mean document length and "
+                        "reorder documents by token deficit")
     p.add_argument("--field", default="text", help="text field / column")
     p.add_argument("--format", default=None, choices=[None, "jsonl", "parquet"])
     p.add_argument("--eos-token", default="<eos>")
