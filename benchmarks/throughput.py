@@ -17,15 +17,20 @@ What is measured (one pass over the demo corpus per repetition, every document e
 
 "Tokens" are real, non-padding tokens delivered: ``attention_mask.sum()`` for zephon, the length of
 the id stream for raw. Both must be equal (checked and printed). tokens/s = tokens / wall seconds of
-the pass; ratio = median zephon tokens/s / median raw tokens/s.
+the pass; ratio = median zephon tokens/s / median raw tokens/s; the per-round ratios compare with
+the raw run of the same round and show how noisy the machine was. CPU s = user + system seconds of
+the pass over the process's threads and its worker processes; tokens/CPU-s is less sensitive than
+tokens/s to other processes competing for the cores.
 
 Each (configuration, repetition) runs in a fresh subprocess, so peak RSS is isolated per configuration,
-and repetitions are interleaved (round 1: raw, raw+read, each runner; round 2: ...) so the drift of a
-shared, noisy machine hits every configuration alike. Inside a subprocess: build the runner (worker
-threads or spawned processes) and do one untimed warm-up pass (reported as ``startup``: runner
-creation up to the first micro-batch); then the timed pass, with a new Loader on the same, already
-running runner, timed from the first batch request to exhaustion. Peak RSS: ``ru_maxrss`` of the
-subprocess itself and of its largest reaped child (a worker process of the processes runner).
+and repetitions are interleaved (round r runs every configuration, in an order rotated by r) so the
+drift of a shared, noisy machine hits every configuration alike. Inside a subprocess: build the
+runner (worker threads or spawned processes) and do one untimed warm-up pass (``startup``: runner
+creation up to the warm-up's first micro-batch, so it includes process spawn); then the timed pass,
+with a new Loader on the same, already running runner, timed from the first batch request to
+exhaustion (``1st batch``: latency of its first micro-batch). Peak RSS: VmHWM of the subprocess and
+of its largest worker process. A SHA-256 of the delivered micro-batches (hashing time excluded)
+checks that every runner delivered the same bytes.
 
 Prints only; asserts nothing about speed.
 """
@@ -41,7 +46,6 @@ import statistics
 import subprocess
 import sys
 import time
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -153,15 +157,15 @@ def cpu_seconds(pids) -> float:
 def raw_pack(tokenizer, texts, eos: int, batch: int, seq_len: int):
     """The baseline: batch-encode, append EOS, concatenate, split into rows. Returns (rows, tokens)."""
     encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
-    parts = []
-    total = 0
+    parts = []  # one int32 array per batch of documents
     for b in range(0, len(texts), batch):
+        ids = []
         for enc in encode(texts[b:b + batch], add_special_tokens=False):
-            ids = enc.ids
+            ids.extend(enc.ids)
             ids.append(eos)
-            total += len(ids)
-            parts.append(ids)
-    stream = np.fromiter(chain.from_iterable(parts), dtype=np.int32, count=total)
+        parts.append(np.array(ids, dtype=np.int32))
+    stream = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+    total = int(stream.size)
     full = total // seq_len
     rows = stream[:full * seq_len].reshape(full, seq_len)
     if total % seq_len:
@@ -448,6 +452,7 @@ def main(argv=None) -> int:
     print(f"# machine: nproc={os.cpu_count()}, cpu={cpu_model()}, python={platform.python_version()}, "
           f"{datetime.datetime.now().astimezone().isoformat(timespec='seconds')}, code {code_version()}", flush=True)
 
+    load_before = os.getloadavg()[0]
     results = {cfg: [] for cfg in configs}
     for rep in range(repeats):
         for cfg in configs[rep % len(configs):] + configs[:rep % len(configs)]:  # rotate: no fixed neighbours
@@ -459,6 +464,8 @@ def main(argv=None) -> int:
     lines = summarize(results, configs)
     print()
     print("\n".join(lines))
+    print(f"load average (1 min) before/after the runs: {load_before:.2f} / {os.getloadavg()[0]:.2f} "
+          f"on {os.cpu_count()} CPUs (above the CPU count: other processes competed for the cores)")
     tokens = {cfg: {r["tokens"] for r in results[cfg] if r} for cfg in configs}
     ref = tokens.get("raw")
     for cfg in configs:

@@ -1,0 +1,43 @@
+"""How per-rank checkpoints become one global checkpoint.
+
+An ``Aggregator`` takes this rank's state (``Loader.checkpoint()``) and returns the merged global state
+(``engine.merge_states``), restorable at any dp_degree dividing ``canonical_replicas``. Implementations
+differ only in transport: ``LocalAggregator`` for ranks simulated in one process; a torch.distributed
+all-gather or a shared directory implement the same two methods.
+"""
+from __future__ import annotations
+
+from ..engine.checkpoint import CheckpointError, merge_states
+
+
+class Aggregator:
+    """Interface. ``gather(rank, state) -> dict | None``: contribute one rank's state; returns the
+    global state once every rank has contributed (None before). ``world_size``: ranks expected."""
+
+    world_size: int
+
+    def gather(self, rank: int, state: dict):
+        raise NotImplementedError
+
+
+class LocalAggregator(Aggregator):
+    """Ranks simulated in one process: collects ``world_size`` states, then merges them.
+
+    Raises ``CheckpointError`` for a rank outside ``[0, world_size)``, a rank contributing twice, or
+    (from ``merge_states``) conflicting or missing lanes."""
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+        self._states: dict[int, dict] = {}
+
+    def gather(self, rank: int, state: dict):
+        if not 0 <= rank < self.world_size:
+            raise CheckpointError(f"rank {rank} outside [0, {self.world_size})")
+        if rank in self._states:
+            raise CheckpointError(f"rank {rank} contributed its state twice")
+        self._states[rank] = state
+        if len(self._states) < self.world_size:
+            return None
+        merged = merge_states(self._states[r] for r in range(self.world_size))
+        self._states = {}
+        return merged
