@@ -74,3 +74,33 @@ def test_inspect_lists_shards_counts_and_columns(corpus, capsys):
     info = json.loads(capsys.readouterr().out)
     lines = sum(1 for k in range(3) for _ in open(f"{corpus['code_jsonl']}/part-{k}.jsonl"))
     assert info["num_samples"] == lines and info["num_shards"] == 3
+
+
+def test_inspect_shows_when_files_disagree_on_columns(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["a"], "id": [1]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"content": ["b"]}), tmp_path / "b.parquet")
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "columns: \n" in out or "columns: " + "\n" in out
+    assert "b.parquet  parquet  1 samples  " in out and "columns: content" in out
+
+
+def test_bad_arguments_are_one_line_errors_with_exit_2(corpus, tokenizer_path, capsys):
+    import pytest
+
+    base = ["verify", "--data", corpus["docs_jsonl"], "--tokenizer", tokenizer_path, "--no-progress"]
+    for extra, message in ((["--weights", "abc"], "--weights takes comma-separated numbers"),
+                           (["--weights", "1,2"], "2 --weights for 1 --data paths"),
+                           (["--resume-dp", "1,,4"], "--resume-dp takes comma-separated numbers"),
+                           (["--eos-token", "<nope>"], "not in the tokenizer's vocabulary"),
+                           (["--global-batch-size", "6", "--canonical-replicas", "4"], "not a multiple")):
+        assert main(base + extra) == 2
+        assert message in capsys.readouterr().err
+    assert main(["verify", "--data", corpus["docs_jsonl"], "--tokenizer", "nope.json", "--no-progress"]) == 2
+    assert "nope.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(base + ["--checkpoint-step", "5", "--steps", "5"])
+    assert e.value.code == 2 and "need 0 < --checkpoint-step (5) < --steps (5)" in capsys.readouterr().err

@@ -133,9 +133,11 @@ def test_checkpoint_from_other_datasets_is_refused(corpus, tokenizer_path):
 
 def test_restoring_with_missing_lanes_names_them(corpus, tokenizer_path):
     ranks = [make_loader([corpus["docs_jsonl"]], tokenizer_path, dp=4, rank=r) for r in range(4)]
-    with pytest.raises(CheckpointError, match=r"lacks lanes \[4, 5\]"):
-        make_loader([corpus["docs_jsonl"]], tokenizer_path, dp=1).restore(ranks[0].checkpoint() | {
-            "lanes": [e for r in (0, 1, 3) for e in ranks[r].checkpoint()["lanes"]]})
+    with pytest.raises(CheckpointError, match=r"lacks lanes \[2, 3, 4, 5, 6, 7\]"):
+        make_loader([corpus["docs_jsonl"]], tokenizer_path, dp=1).restore(ranks[0].checkpoint())
+    # rank 1 of dp=4 owns lanes 2-3: rank 0's state alone cannot restore it either
+    with pytest.raises(CheckpointError, match=r"lacks lanes \[2, 3\]"):
+        make_loader([corpus["docs_jsonl"]], tokenizer_path, dp=4, rank=1).restore(ranks[0].checkpoint())
     with pytest.raises(CheckpointError, match=r"lacks lanes 2-3 of 8"):
         merge_states([ranks[r].checkpoint() for r in (0, 2, 3)])
 
@@ -143,3 +145,75 @@ def test_restoring_with_missing_lanes_names_them(corpus, tokenizer_path):
 def test_not_a_checkpoint_is_refused(corpus, tokenizer_path):
     with pytest.raises(CheckpointError, match="not a Zephon checkpoint"):
         make_loader([corpus["docs_jsonl"]], tokenizer_path).restore({"epoch": 3})
+
+
+@pytest.mark.parametrize("field, value", [("replay_cursor", 10 ** 6), ("sentinel_chunk", 3), ("delivered_rows", "5"),
+                                          ("replay_cursor", None), ("sentinel_chunk", 10 ** 30)])
+def test_tampered_checkpoint_is_refused(corpus, tokenizer_path, field, value):
+    L = make_loader([corpus["docs_jsonl"]], tokenizer_path)
+    state = json.loads(json.dumps(L.checkpoint()))
+    state["lanes"][0][field] = value
+    with pytest.raises(CheckpointError, match="altered"):
+        make_loader([corpus["docs_jsonl"]], tokenizer_path).restore(state)
+
+
+def test_inconsistent_lane_entry_is_refused_even_with_a_matching_digest(corpus, tokenizer_path):
+    from zephon.engine.checkpoint import digest
+
+    state = make_loader([corpus["docs_jsonl"]], tokenizer_path).checkpoint()
+    state["lanes"][0]["replay_cursor"] = 5  # more than delivered_rows (0)
+    state["lanes_sha256"] = digest(state["lanes"])
+    with pytest.raises(CheckpointError, match="replay_cursor exceeds delivered_rows"):
+        make_loader([corpus["docs_jsonl"]], tokenizer_path).restore(state)
+
+
+def test_operator_combinations_that_cannot_work_are_refused_at_construction(corpus, tokenizer_path):
+    from zephon.engine import Loader
+    from zephon.ops import Decode, EnsureMixture, Pack, Tokenize
+
+    ds = [open_dataset(corpus["docs_jsonl"])]
+    with pytest.raises(ValueError, match="put a Tokenize operator before"):
+        Loader(ds, [Decode(), Pack(64)])
+    with pytest.raises(ValueError, match=r"use Tokenize\(max_length=64\)"):
+        Loader(ds, [Decode(), Tokenize(tokenizer_path, eos_id="<eos>", max_length=128), Pack(64)])
+    with pytest.raises(ValueError, match="2 weights for 1 datasets"):
+        Loader(ds, [Decode(), Tokenize(tokenizer_path, eos_id="<eos>", max_length=64), EnsureMixture([1, 1]),
+                    Pack(64)])
+    with pytest.raises(ValueError, match="global_batch_size"):
+        Loader(ds, [Decode(), Tokenize(tokenizer_path, eos_id="<eos>", max_length=64), Pack(64)],
+               global_batch_size=0)
+
+
+def test_skip_mode_skips_bad_field_values_too(tmp_path, texts, tokenizer_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    _write_jsonl(d / "a.jsonl", texts, bad_lines={4: json.dumps({"txt": "x"}), 9: json.dumps({"text": None}),
+                                                  12: '{"text": "lone \\ud800 surrogate"}'})
+    L = make_loader([str(d)], tokenizer_path, canonical_replicas=2, exhaustion="stop", global_batch_size=2,
+                    drop_last=False, on_error="skip", max_length=4096)
+    positions = [p for mb in _drain(L) for srcs in mb["__src__"] for p, _ in srcs]
+    stats = L.stats()
+    assert stats["skipped"] == 3, stats
+    assert sorted(int(m.split("sample ")[1].split(")")[0].split(",")[0]) for m in stats["skipped_messages"]) == [4, 9, 12]
+    assert len(positions) == len(set(positions)) == len(texts) - 3
+
+
+def test_lone_surrogate_raises_a_named_error(tmp_path, texts, tokenizer_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    _write_jsonl(d / "a.jsonl", texts, bad_lines={6: '{"text": "lone \\ud800 surrogate"}'})
+    L = make_loader([str(d)], tokenizer_path, canonical_replicas=1, exhaustion="stop", global_batch_size=1,
+                    max_length=4096)
+    with pytest.raises(DataError, match=r"a.jsonl \(shard 0, sample 6\).*UTF-8"):
+        _drain(L)
+
+
+def test_file_changed_under_a_running_loader_is_reported(tmp_path, texts, tokenizer_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    _write_jsonl(d / "a.jsonl", texts)
+    L = make_loader([str(d)], tokenizer_path, canonical_replicas=1, exhaustion="stop", global_batch_size=1)
+    with open(d / "a.jsonl", "a") as fh:
+        fh.write(json.dumps({"text": "appended later"}) + "\n")
+    with pytest.raises(DataError, match="a.jsonl \\(shard 0\\): file changed since the dataset was opened"):
+        _drain(L)

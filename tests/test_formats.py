@@ -103,7 +103,7 @@ def test_jsonl_random_access_matches_reference(tmp_path, compress):
     assert len(ref) == 60
     ds = open_dataset(path)
     assert ds.num_samples == 60 and ds.shard_sizes == [60] and ds.name == "a"
-    assert ds.shards[0] == ShardInfo(path, 60, "jsonl", os.path.getsize(path))
+    assert ds.shards[0] == ShardInfo(path, 60, "jsonl", os.path.getsize(path), os.stat(path).st_mtime_ns)
     rng = random.Random(1)
     for order in index_orders(60, rng):
         assert ds.read(0, order) == [ref[i] for i in order]
@@ -201,7 +201,7 @@ def test_parquet_random_access_across_row_groups(tmp_path):
     assert pq.ParquetFile(path).metadata.num_row_groups == 8
     ref = pq.read_table(path).to_pylist()
     ds = open_dataset(path)
-    assert ds.shards[0] == ShardInfo(path, 50, "parquet", os.path.getsize(path))
+    assert ds.shards[0] == ShardInfo(path, 50, "parquet", os.path.getsize(path), os.stat(path).st_mtime_ns)
     for order in index_orders(50, random.Random(3)):
         assert ds.read(0, order) == [ref[i] for i in order]
 
@@ -287,11 +287,15 @@ def test_inspect_source(tmp_path):
     info = inspect_source(j)
     assert info["format"] == "jsonl" and info["num_shards"] == 1 and info["num_samples"] == 2
     assert info["columns"] == ["x", "y"]
-    assert info["shards"] == [{"path": j, "format": "jsonl", "num_samples": 2, "size_bytes": os.path.getsize(j)}]
+    assert info["shards"] == [{"path": j, "format": "jsonl", "num_samples": 2, "size_bytes": os.path.getsize(j),
+                               "columns": ["x", "y"]}]
     p = write_parquet(tmp_path / "b.parquet", make_records(3))
     assert inspect_source(p)["columns"] == pq.read_schema(p).names
     both = inspect_source(str(tmp_path))
-    assert both["format"] == "mixed" and both["num_samples"] == 5 and both["columns"] == ["x", "y"]
+    names = pq.read_schema(p).names
+    assert both["format"] == "mixed" and both["num_samples"] == 5
+    assert both["columns"] == [c for c in ("x", "y") if c in names]  # only columns every file has
+    assert [s["columns"] for s in both["shards"]] == [["x", "y"], names]
     json.dumps(both)
 
 

@@ -16,9 +16,9 @@ def _build_pipeline(args, tokenizer_path):
 
     datasets = [open_dataset(p, format=args.format, columns=[args.field], on_error=args.on_error)
                 for p in args.data]
-    weights = [float(w) for w in args.weights.split(",")] if args.weights else [1.0] * len(datasets)
+    weights = _numbers(args.weights, float, "--weights") if args.weights else [1.0] * len(datasets)
     if len(weights) != len(datasets):
-        raise SystemExit(f"zephon: {len(weights)} weights for {len(datasets)} --data paths")
+        raise ValueError(f"{len(weights)} --weights for {len(datasets)} --data paths")
     tok = Tokenize(tokenizer_path, field=args.field, eos_id=args.eos_token, max_length=args.max_length)
     decode = Decode(args.field)
     ops = [decode, tok]
@@ -40,6 +40,13 @@ def _build_pipeline(args, tokenizer_path):
                       flush_every_k_chunks=args.flush_every_k_chunks, dp_degree=dp, dp_rank=rank, runner=runner,
                       num_workers=args.workers)
     return datasets, make_loader
+
+
+def _numbers(text: str, kind, flag: str) -> list:
+    try:
+        return [kind(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated numbers, got {text!r}") from None
 
 
 def _print_verify(report, args, rows=None) -> int:
@@ -68,7 +75,7 @@ def _run_verify(args, tokenizer_path) -> int:
     from .verify import elastic_verify
 
     _, make_loader = _build_pipeline(args, tokenizer_path)
-    resume = [int(x) for x in args.resume_dp.split(",")]
+    resume = _numbers(args.resume_dp, int, "--resume-dp")
     total = args.steps + args.checkpoint_step + len(resume) * (args.steps - args.checkpoint_step)
     with tqdm(total=total, desc="verify (global steps)", unit="step", file=sys.stderr,
               disable=args.no_progress) as bar:
@@ -152,10 +159,12 @@ def cmd_inspect(args) -> int:
     if args.json:
         print(json.dumps(info, indent=1))
         return 0
-    print(f"{args.path}: format {info['format']}, {info['num_shards']} shards, {info['num_samples']:,} samples")
+    n = info["num_shards"]
+    print(f"{args.path}: format {info['format']}, {n} shard{'s' * (n != 1)}, {info['num_samples']:,} samples")
     print(f"columns: {', '.join(info['columns'])}")
     for s in info["shards"]:
-        print(f"  {s['path']}  {s['format']}  {s['num_samples']:,} samples  {s['size_bytes']:,} bytes")
+        cols = f"  columns: {', '.join(s['columns'])}" if s.get("columns") not in (None, info["columns"]) else ""
+        print(f"  {s['path']}  {s['format']}  {s['num_samples']:,} samples  {s['size_bytes']:,} bytes{cols}")
     return 0
 
 
@@ -184,7 +193,7 @@ def _pipeline_args(p, demo: bool) -> None:
                    help="weights are token shares: correct sample weights by mean document length and "
                         "reorder documents by token deficit")
     p.add_argument("--field", default="text", help="text field / column")
-    p.add_argument("--format", default=None, choices=[None, "jsonl", "parquet"])
+    p.add_argument("--format", default=None, choices=["jsonl", "parquet"], help="default: by file extension")
     p.add_argument("--eos-token", default="<eos>")
     p.add_argument("--on-error", default="raise", choices=["raise", "skip"],
                    help="bad samples: raise (default) or skip, count and report them")
@@ -209,15 +218,18 @@ def main(argv=None) -> int:
     _pipeline_args(verify, demo=False)
     insp = sub.add_parser("inspect", help="formats, shards, sample counts, columns")
     insp.add_argument("path")
-    insp.add_argument("--format", default=None, choices=[None, "jsonl", "parquet"])
+    insp.add_argument("--format", default=None, choices=["jsonl", "parquet"], help="default: by file extension")
     insp.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.cmd in ("demo", "verify") and not 0 < args.checkpoint_step < args.steps:
+        parser.error(f"need 0 < --checkpoint-step ({args.checkpoint_step}) < --steps ({args.steps})")
     from .engine import CheckpointError
     from .formats import DataError
     from .work import TopologyError
     try:
         return {"demo": cmd_demo, "verify": cmd_verify, "inspect": cmd_inspect}[args.cmd](args)
-    except (DataError, CheckpointError, TopologyError) as e:
+    except (DataError, CheckpointError, TopologyError, ValueError, OSError) as e:
+        # bad input or arguments: one clear line, no traceback (ValueError covers bad sizes and options)
         print(f"zephon: error: {e}", file=sys.stderr)
         return 2
 

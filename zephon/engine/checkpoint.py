@@ -81,10 +81,17 @@ def validate(state, fingerprint: str, summary: dict, lanes=None) -> dict:
         diffs = config_diff(summary, state.get("config", {}))
         detail = "; ".join(diffs) if diffs else "fingerprints differ (dataset content or operator settings)"
         raise CheckpointError(f"checkpoint was made with another config: {detail}")
+    lanes_list = state.get("lanes")
+    if not isinstance(lanes_list, list) or state.get("lanes_sha256") != digest(lanes_list):
+        raise CheckpointError("checkpoint lane entries were altered or truncated (lanes_sha256 does not match)")
     by_lane = {}
-    for entry in state.get("lanes", []):
-        if not isinstance(entry, dict) or any(k not in entry for k in LANE_KEYS):
+    for entry in lanes_list:
+        if not isinstance(entry, dict) or sorted(entry) != sorted(LANE_KEYS):
             raise CheckpointError(f"malformed lane entry {entry!r}; expected keys {LANE_KEYS}")
+        if not all(type(entry[k]) is int and 0 <= entry[k] < 1 << 62 for k in LANE_KEYS):
+            raise CheckpointError(f"lane entry {entry!r}: values must be non-negative integers")
+        if entry["replay_cursor"] > entry["delivered_rows"]:
+            raise CheckpointError(f"lane entry {entry!r}: replay_cursor exceeds delivered_rows")
         if entry["lane"] in by_lane and by_lane[entry["lane"]] != entry:
             raise CheckpointError(f"lane {entry['lane']} appears twice with different states")
         by_lane[entry["lane"]] = entry
@@ -102,7 +109,7 @@ def make_state(fingerprint: str, summary: dict, canonical_replicas: int, rows_pe
     steps = [e["delivered_rows"] // rows_per_step for e in lanes]
     return {"format": FORMAT, "fingerprint": fingerprint, "config": summary,
             "canonical_replicas": canonical_replicas, "rows_per_lane_step": rows_per_step,
-            "step": min(steps) if steps else 0, "lanes": lanes}
+            "step": min(steps) if steps else 0, "lanes": lanes, "lanes_sha256": digest(lanes)}
 
 
 def merge_states(states) -> dict:

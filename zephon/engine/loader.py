@@ -19,6 +19,25 @@ from .stage import WorkStage
 log = logging.getLogger("zephon")
 
 
+def _check_ops(ops, num_datasets: int) -> None:
+    """Catch operator combinations that would fail at the first unlucky record, at construction."""
+    from ..ops import EnsureMixture, Pack, Tokenize
+
+    tok_max = None
+    for op in ops:
+        if isinstance(op, Tokenize):
+            tok_max = op.max_length if op.max_length is not None else float("inf")
+        elif isinstance(op, Pack):
+            if tok_max is None:
+                raise ValueError("Pack needs tokenized records: put a Tokenize operator before it")
+            if tok_max > op.max_length:
+                raise ValueError(f"Tokenize(max_length={op.max_length if tok_max == float('inf') else tok_max}) "
+                                 f"lets documents longer than Pack(max_length={op.max_length}) through; "
+                                 f"use Tokenize(max_length={op.max_length})")
+        elif isinstance(op, EnsureMixture) and len(op.weights) != num_datasets:
+            raise ValueError(f"EnsureMixture has {len(op.weights)} weights for {num_datasets} datasets")
+
+
 class Loader:
     """Deterministic, elastic loader for one rank.
 
@@ -60,7 +79,10 @@ class Loader:
                                  exhaustion=exhaustion)
         self.canonical_replicas = canonical_replicas
         m = self.batch.micro_batch_size
-        self.global_batch_size = global_batch_size or canonical_replicas * m
+        self.global_batch_size = canonical_replicas * m if global_batch_size is None else global_batch_size
+        if self.global_batch_size < 1 or unit_size < 1:
+            raise ValueError(f"global_batch_size and unit_size must be >= 1, got {global_batch_size}, {unit_size}")
+        _check_ops(ops, len(self.datasets))
         if self.global_batch_size % canonical_replicas:
             raise ValueError(f"global_batch_size={self.global_batch_size} is not a multiple of "
                              f"canonical_replicas={canonical_replicas}")
@@ -71,7 +93,7 @@ class Loader:
         if flush_every_k_chunks < 1:
             raise ValueError(f"flush_every_k_chunks must be >= 1, got {flush_every_k_chunks}")
         self.flush_every = flush_every_k_chunks
-        self.unit_size = max(1, unit_size)
+        self.unit_size = unit_size
         self.dp_degree, self.dp_rank = dp_degree, dp_rank
         self.lanes = lanes_for_rank(canonical_replicas, dp_degree, dp_rank, lane_assignment)
         n_work = next((i for i, op in enumerate(ops) if op.stateful), len(ops))
@@ -111,9 +133,9 @@ class Loader:
         by_lane = ckpt.validate(state, self.fingerprint, self.summary, lanes=self.lanes)
         for lane in self.lanes:
             e = by_lane[lane]
-            if e["sentinel_chunk"] % self.flush_every or min(e["sentinel_chunk"], e["replay_cursor"],
-                                                             e["delivered_rows"]) < 0:
-                raise ckpt.CheckpointError(f"lane {lane}: invalid entry {e}")
+            if e["sentinel_chunk"] % self.flush_every:
+                raise ckpt.CheckpointError(f"lane {lane}: sentinel_chunk {e['sentinel_chunk']} is not a multiple "
+                                           f"of flush_every_k_chunks={self.flush_every}")
         self._pending = {lane: dict(by_lane[lane]) for lane in self.lanes}
 
     # -- iteration ------------------------------------------------------------------------------
@@ -133,21 +155,27 @@ class Loader:
         lanes = self._state
         rps, m = self.rows_per_step, self.batch.micro_batch_size
         while True:
-            steps, offset = {}, {}
-            for lane in self.lanes:
+            active = [lane for lane in self.lanes if not (lanes[lane].finished and not lanes[lane].rows)]
+            if not active:
+                return
+            # Step order even after a ragged (mid-step, per-rank) checkpoint: lanes behind go first.
+            step = min(lanes[lane].delivered_rows // rps for lane in active)
+            offset, ready, short = {}, [], False
+            for lane in active:
                 st = lanes[lane]
-                offset[lane] = st.delivered_rows % rps  # non-zero only when a checkpoint was taken mid-step
-                need = rps - offset[lane]
-                self._ensure(lane, need)
-                have = len(st.rows)
-                if have >= need or (have and not self.batch.drop_last):
-                    steps[lane] = st.delivered_rows // rps
-                elif have:  # a finite stream's last, incomplete step of this lane
-                    self.dropped_rows += len(st.take(have))
-            if not steps:
+                if st.delivered_rows // rps != step:
+                    continue
+                offset[lane] = st.delivered_rows % rps  # non-zero only after a mid-step checkpoint
+                self._ensure(lane, rps - offset[lane])
+                if len(st.rows) >= rps - offset[lane] or (st.rows and not self.batch.drop_last):
+                    ready.append(lane)
+                elif st.rows or self.batch.drop_last:
+                    short = True
+            if short and self.batch.drop_last:
+                self._drop_rest()  # a finite stream's last, incomplete step: this rank stops here
                 return
             for j in range(rps // m):
-                for lane, step in steps.items():
+                for lane in ready:
                     start = max(j * m, offset[lane])
                     if start >= (j + 1) * m:
                         continue
@@ -156,6 +184,13 @@ class Loader:
                         mb = collate(rows)
                         mb["__lane__"], mb["__step__"], mb["__micro__"] = lane, step, j
                         yield mb
+
+    def _drop_rest(self) -> None:
+        """Count (never silently lose) every row left in the owned lanes of a finished stream."""
+        for lane in self.lanes:
+            st = self._state[lane]
+            self._ensure(lane, float("inf"))
+            self.dropped_rows += len(st.take(len(st.rows)))
 
     def _ensure(self, lane: int, n: int) -> None:
         st = self._state[lane]
@@ -187,14 +222,16 @@ class Loader:
 
     # -- reporting ------------------------------------------------------------------------------
     def stats(self) -> dict:
-        """Counts since this loader started iterating: ``skipped`` samples (bad input in skip mode, with
-        up to 20 ``skipped_messages``), ``filtered`` records, ``replayed_rows`` regenerated on resume
-        and not re-delivered, ``dropped_rows`` (incomplete last steps with drop_last), ``delivered_rows``."""
+        """Counts for this loader's owned lanes: ``skipped`` samples (bad input in skip mode, with up to
+        20 ``skipped_messages``), ``filtered`` records and ``replayed_rows`` (regenerated on resume, not
+        re-delivered) since this iteration started; ``dropped_rows`` (a finite stream's incomplete last
+        step with drop_last); ``delivered_rows`` since the start of training (restored counts included)."""
         sts = list(self._state.values())
         msgs = [m for s in sts for m in s.skipped_messages][:20]
         return {"skipped": sum(s.skipped for s in sts), "skipped_messages": msgs,
                 "filtered": sum(s.filtered for s in sts), "replayed_rows": sum(s.replayed_rows for s in sts),
-                "dropped_rows": self.dropped_rows, "delivered_rows": sum(s.delivered_rows for s in sts)}
+                "dropped_rows": self.dropped_rows,
+                "delivered_rows": sum(s.delivered_rows for s in sts) - self.dropped_rows}
 
     def close(self) -> None:
         """Stop worker threads/processes this loader started (a shared runner is left running)."""

@@ -54,7 +54,7 @@ class WorkStage:
             records = self._read(ptrs, res)
             for op in self.ops:
                 before = len(records)
-                records = op.process_many(records)
+                records = self._apply(op, records, res)
                 if op.name == "filter":
                     res.filtered += before - len(records)
             res.records = records
@@ -63,6 +63,24 @@ class WorkStage:
         except DataError as e:
             res.error = e
         return res
+
+    def _apply(self, op, records: list, res: UnitResult) -> list:
+        """``op.process_many``; a record it rejects is skipped and counted when its dataset was opened
+        with ``on_error="skip"`` (then the op runs again on the rest), else the error propagates."""
+        while True:
+            try:
+                return op.process_many(records)
+            except RecordError as e:
+                if e.src is None or self.datasets[e.src[0]].on_error != "skip":
+                    raise
+                err = error_for(self.datasets, e.src, str(e))
+                res.skipped += 1
+                if len(res.skipped_messages) < MAX_REPORTED:
+                    res.skipped_messages.append(str(err))
+                kept = [r for r in records if r.get("__src__") != e.src]
+                if len(kept) == len(records):
+                    raise
+                records = kept
 
     def _read(self, ptrs, res: UnitResult) -> list:
         n = len(ptrs)

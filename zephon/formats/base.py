@@ -25,11 +25,14 @@ class ShardInfo:
 
     path: absolute path. num_samples: samples (JSONL non-blank lines / Parquet rows).
     format: "jsonl" or "parquet". size_bytes: file size on disk (compressed size for .gz/.zst).
+    mtime_ns: modification time when opened (to detect a file changed under a running loader; not part
+    of the fingerprint, so copies of the data stay valid).
     """
     path: str
     num_samples: int
     format: str
     size_bytes: int
+    mtime_ns: int = 0
 
 
 class Dataset:
@@ -97,7 +100,18 @@ class Dataset:
                 raise IndexError(f"{info.path} (shard {shard_id}): sample {i} out of range [0, {info.num_samples})")
         if not indices:
             return []
+        self._check_unchanged(shard_id, info)
         return self._reader(shard_id).read(indices, self.on_error)
+
+    def _check_unchanged(self, shard_id: int, info: ShardInfo) -> None:
+        # One stat per read call: offsets and counts were computed from the file as it was when opened.
+        try:
+            st = os.stat(info.path)
+        except OSError as e:
+            raise DataError(f"cannot read: {e.strerror or e}", path=info.path, shard=shard_id) from None
+        if st.st_size != info.size_bytes or (info.mtime_ns and st.st_mtime_ns != info.mtime_ns):
+            raise DataError(f"file changed since the dataset was opened (size {info.size_bytes} -> {st.st_size} "
+                            f"bytes, mtime changed); reopen it with open_dataset", path=info.path, shard=shard_id)
 
     def _reader(self, shard_id: int):
         with self._lock:
@@ -184,9 +198,9 @@ def open_dataset(source, *, name: str | None = None, format: str | None = None,
 
     def scan(item):
         shard_id, (path, fmt) = item
-        size = os.stat(path).st_size
+        st = os.stat(path)
         reader = _open_reader(path, fmt, shard_id, columns, cache_dir)
-        return ShardInfo(path, reader.num_samples, fmt, size), reader
+        return ShardInfo(path, reader.num_samples, fmt, st.st_size, st.st_mtime_ns), reader
 
     if len(files) == 1:
         results = [scan((0, files[0]))]
@@ -215,25 +229,24 @@ def inspect_source(source, **kw) -> dict:
 
     kw: as for ``open_dataset``. Returns ``{"name", "format" ("jsonl" | "parquet" | "mixed"),
     "num_shards", "num_samples", "columns", "shards": [{"path", "format", "num_samples",
-    "size_bytes"}, ...]}``. columns: the requested ones if given, else the Parquet schema names or
-    the keys of the first JSONL record (of the first non-empty shard). Raises like ``open_dataset``.
+    "size_bytes", "columns"}, ...]}``. A shard's columns: the requested ones if given, else its Parquet
+    schema names or the keys of its first JSONL record; top-level ``columns``: those common to every
+    non-empty shard. Raises like ``open_dataset``.
     """
     ds = open_dataset(source, **kw)
     formats = sorted({s.format for s in ds.shards})
-    if ds.columns is not None:
-        columns = list(ds.columns)
-    else:
-        columns = []
-        for shard_id, s in enumerate(ds.shards):
-            if s.num_samples:
-                columns = ds._reader(shard_id).first_keys()
-                break
+    per_shard = [(list(ds.columns) if ds.columns is not None else ds._reader(i).first_keys()) if s.num_samples else []
+                 for i, s in enumerate(ds.shards)]
+    # columns present in every non-empty shard; each shard's own list is reported too, so a reader
+    # sees at once when files disagree
+    non_empty = [c for c in per_shard if c]
+    columns = [c for c in non_empty[0] if all(c in other for other in non_empty)] if non_empty else []
     return {
         "name": ds.name,
         "format": formats[0] if len(formats) == 1 else "mixed",
         "num_shards": len(ds.shards),
         "num_samples": ds.num_samples,
         "columns": columns,
-        "shards": [{"path": s.path, "format": s.format, "num_samples": s.num_samples, "size_bytes": s.size_bytes}
-                   for s in ds.shards],
+        "shards": [{"path": s.path, "format": s.format, "num_samples": s.num_samples, "size_bytes": s.size_bytes,
+                    "columns": cols} for s, cols in zip(ds.shards, per_shard)],
     }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import tempfile
 import zipfile
 from typing import Callable
@@ -44,9 +45,12 @@ def _stamp(path: str, kind: str) -> np.ndarray:
     return np.array([VERSION, st.st_size, st.st_mtime_ns, kind_code], dtype=np.int64)
 
 
+_load_lock = threading.Lock()  # np.load parses headers with ast, not thread-safe on CPython 3.11 (gh-106905)
+
+
 def _load(cache_file: str, stamp: np.ndarray) -> np.ndarray | None:
     try:
-        with np.load(cache_file, allow_pickle=False) as z:
+        with _load_lock, np.load(cache_file, allow_pickle=False) as z:
             if np.array_equal(z["stamp"], stamp):
                 return z["index"]
     except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):

@@ -74,6 +74,8 @@ class Map(_FnOperator):
         out = []
         for r in records:
             new = self._call(r)
+            if not isinstance(new, dict):
+                raise RecordError(f"map {self.label} returned {type(new).__name__}, expected a dict record", r)
             new.setdefault("__src__", r["__src__"])
             out.append(new)
         return out

@@ -65,6 +65,8 @@ class PackAccumulator(Accumulator):
         self.next_id = 0
 
     def push(self, record: dict) -> list[dict]:
+        if "input_ids" not in record:
+            raise RecordError("pack needs tokenized records (input_ids): put Tokenize before Pack", record)
         n = record["input_ids"].size
         if n > self.cap:
             raise RecordError(f"document of {n} tokens exceeds pack max_length={self.cap}; "

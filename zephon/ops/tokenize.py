@@ -85,7 +85,17 @@ class Tokenize(Operator):
         except KeyError:
             bad = next(r for r in records if f not in r)
             raise RecordError(f"missing field {f!r} for tokenize", bad) from None
-        encs = self._encode(texts, add_special_tokens=False)
+        try:
+            encs = self._encode(texts, add_special_tokens=False)
+        except TypeError:  # e.g. a lone surrogate that has no UTF-8 form: find and name the record
+            for r, t in zip(records, texts):
+                if not isinstance(t, str):
+                    raise RecordError(f"field {f!r} is {type(t).__name__}, expected text", r) from None
+                try:
+                    t.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise RecordError(f"field {f!r} has no UTF-8 form: {e}", r) from None
+            raise
         out = []
         bos, eos, ml = self.bos_id, self.eos_id, self.max_length
         for r, enc in zip(records, encs):
