@@ -58,6 +58,8 @@ class Loader:
         unit_size: pointers per unit of worker work (a performance knob only).
     Iterating yields micro-batch dicts (``ops.collate`` of rows) with ``__lane__``, ``__step__`` and
     ``__micro__``; within a step, micro-batch ``j`` of every owned lane in lane order, then ``j + 1``.
+    A new ``iter()`` continues where the previous one stopped (or from a ``restore``d state); after a
+    finite stream (``exhaustion="stop"``) ended it yields nothing.
     Raises ``TopologyError`` for a dp_degree that does not divide ``canonical_replicas``, ``ValueError``
     for inconsistent batch sizes, ``formats.DataError`` for bad input while iterating.
     """
