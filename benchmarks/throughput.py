@@ -19,8 +19,9 @@ What is measured (one pass over the demo corpus per repetition, every document e
 the id stream for raw. Both must be equal (checked and printed). tokens/s = tokens / wall seconds of
 the pass; ratio = median zephon tokens/s / median raw tokens/s; the per-round ratios compare with
 the raw run of the same round and show how noisy the machine was. CPU s = user + system seconds of
-the pass over the process's threads and its worker processes; tokens/CPU-s is less sensitive than
-tokens/s to other processes competing for the cores.
+the pass over the process's threads and its worker processes, and in brackets CPU s / wall s (how
+many cores the configuration kept busy: on a 2-core machine, near 1.0 means it ran on one core or
+other processes took the other); tokens/CPU-s is less sensitive than tokens/s to such competition.
 
 Each (configuration, repetition) runs in a fresh subprocess, so peak RSS is isolated per configuration,
 and repetitions are interleaved (round r runs every configuration, in an order rotated by r) so the
@@ -366,7 +367,7 @@ def summarize(results: dict, configs: list[str]) -> list[str]:
             med[cfg] = statistics.median(r["tokens"] / r["seconds"] for r in rs)
     base = med.get("raw")
     cols = ["configuration", "tokens/s median (min-max)", "ratio vs raw", "per-round ratios", "pass s",
-            "CPU s", "tokens/CPU-s", "startup s", "1st batch s", "rows", "peak RSS MiB main / worker", "reps"]
+            "CPU s (cores busy)", "tokens/CPU-s", "startup s", "1st batch s", "rows", "peak RSS MiB main / worker", "reps"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for cfg in configs:
         runs = results[cfg]
@@ -390,7 +391,7 @@ def summarize(results: dict, configs: list[str]) -> list[str]:
             f"{med[cfg] / base:.2f}" if base else "-",
             " ".join(per_round) or "-",
             f"{statistics.median(r['seconds'] for r in rs):.2f}",
-            f"{cpu:.2f}",
+            f"{cpu:.2f} ({statistics.median(r['cpu'] / r['seconds'] for r in rs):.1f})",
             fmt_rate(statistics.median(r["tokens"] / r["cpu"] for r in rs if r["cpu"] > 0)),
             fmt_opt(statistics.median(startup) if startup else None, ".2f"),
             fmt_opt(statistics.median(first) if first else None, ".2f"),
