@@ -84,7 +84,7 @@ def test_seed_changes_the_order(corpus, tokenizer_path, reference):
 
 def _checkpoint_after(corpus, tokenizer_path, steps, chunk_size):
     L = make_loader([corpus["docs_jsonl"]], tokenizer_path, canonical_replicas=64, chunk_size=chunk_size,
-                    max_length=64, global_batch_size=64, shuffle_buffer=0, unit_size=16)
+                    max_length=64, global_batch_size=64, shuffle_buffer=0, unit_size=16, flush_every_k_chunks=None)
     run_steps([L], steps, StepHasher())
     L.close()
     return json.dumps(L.checkpoint())
@@ -99,7 +99,7 @@ def test_checkpoint_size_is_flat_in_chunk_size_and_steps(corpus, tokenizer_path)
     # per lane only counters grow, by digits: at most 64 lanes x 2 more digits x 3 counters
     assert len(longer) - len(small) <= 64 * 6
     lanes = json.loads(longer)["lanes"]
-    assert len(lanes) == 64 and all(sorted(e) == ["delivered_rows", "lane", "replay_cursor", "sentinel_chunk"]
+    assert len(lanes) == 64 and all(sorted(e) == ["delivered_rows", "lane", "replay_cursor", "sentinel_chunk", "sentinel_offset"]
                                     for e in lanes)
 
 
@@ -256,3 +256,31 @@ def test_finite_stream_with_drop_last_yields_only_complete_steps_and_counts_the_
         assert sorted(per_step) == list(range(len(per_step)))
         total -= L.stats()["delivered_rows"] + L.stats()["dropped_rows"]
     assert total == 0
+
+
+@pytest.mark.parametrize("runner", ["inline", "threads"])
+def test_sentinels_inside_chunks_resume_exactly_and_cheaply(corpus, tokenizer_path, runner):
+    """flush_every_k_chunks=0.125: eight replay spans per chunk, so a resume replays at most an eighth
+    of a chunk per lane (big chunks need not mean expensive resumes)."""
+    dirs = [corpus["docs_jsonl"]]
+    kw = dict(chunk_size=128, flush_every_k_chunks=0.125, unit_size=64, max_length=128)
+    ref = StepHasher()
+    L = make_loader(dirs, tokenizer_path, **kw)
+    run_steps([L], 16, ref)
+    h = StepHasher()
+    first = [make_loader(dirs, tokenizer_path, dp=2, rank=r, runner=runner, **kw) for r in range(2)]
+    run_steps(first, 11, h)
+    state = merge_states([x.checkpoint() for x in first])
+    assert any(e["sentinel_offset"] for e in state["lanes"])  # sentinels really fall inside chunks
+    second = [make_loader(dirs, tokenizer_path, dp=4, rank=r, **kw) for r in range(4)]
+    for x in second:
+        x.restore(state)
+    runner_counts = [CountingRunner(x.stage) for x in second]
+    for x, c in zip(second, runner_counts):
+        x._runner, x._owns_runner = c, False
+    run_steps(second, 5, h)
+    assert h.digests() == ref.digests()
+    # a lane replays at most one span (16 pointers = one unit here) plus what its next rows need
+    assert all(c.units <= 2 * len(x.lanes) + 4 for c, x in zip(runner_counts, second))
+    with pytest.raises(ValueError, match="whole number of pointers"):
+        make_loader(dirs, tokenizer_path, chunk_size=128, flush_every_k_chunks=0.3)

@@ -186,7 +186,9 @@ def _pipeline_args(p, demo: bool) -> None:
                    help="micro-batch size after the resume (gradient accumulation keeps the global batch)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chunk-size", type=int, default=256, help="pointers per chunk")
-    p.add_argument("--flush-every-k-chunks", type=int, default=1, help="chunks between flush sentinels")
+    p.add_argument("--flush-every-k-chunks", type=float, default=None,
+                   help="chunks between flush sentinels (a fraction allowed; default: every min(chunk_size, 256) "
+                        "pointers)")
     p.add_argument("--shuffle-buffer", type=int, default=32, help="rows in the shuffle buffer (0 = off)")
     p.add_argument("--pack-method", default="best_fit", choices=["best_fit", "first_fit"])
     p.add_argument("--ensure-mixture", action="store_true",

@@ -1,7 +1,7 @@
 """Checkpoint state: plain JSON data, validated against a config fingerprint, merged across ranks.
 
-A checkpoint holds, per lane, where replay starts (the chunk of the last flush sentinel before the
-cursor), how many rows of that span were already delivered (the replay cursor), and the lane's
+A checkpoint holds, per lane, where replay starts (the chunk and offset of the last flush sentinel
+before the cursor), how many rows of that span were already delivered (the replay cursor), and the lane's
 delivered row count. Pointer lists and chunk contents are never stored: chunks are regenerated from
 ``(lane, chunk_id)``, so the size is a few dozen bytes per lane whatever the chunk size or step.
 """
@@ -11,7 +11,7 @@ import hashlib
 import json
 
 FORMAT = "zephon-checkpoint/1"
-LANE_KEYS = ("lane", "sentinel_chunk", "replay_cursor", "delivered_rows")
+LANE_KEYS = ("lane", "sentinel_chunk", "sentinel_offset", "replay_cursor", "delivered_rows")
 
 
 class CheckpointError(ValueError):

@@ -1,10 +1,11 @@
 """One lane's serial side: dispatch order, sequence reordering, accumulators, flush sentinels, the
 row buffer and the replay cursor. All of it runs on the pump thread.
 
-Epochs (of the replay kind) are the spans between flush sentinels: every ``flush_every_k_chunks``
-chunks a sentinel follows the last unit of a chunk, and every accumulator flushes and resets when it
-passes. So the rows of epoch ``e`` are a pure function of chunks ``[e*K, (e+1)*K)``; a resume replays
-from the first chunk of the cursor's epoch and drops the rows already delivered.
+Epochs (of the replay kind) are the spans between flush sentinels: a sentinel follows every
+``span`` pointers of the lane (``flush_every_k_chunks * chunk_size``, possibly a fraction of a chunk),
+and every accumulator flushes and resets when it passes. So the rows of epoch ``e`` are a pure
+function of the lane's pointers ``[e*span, (e+1)*span)``; a resume regenerates them from
+``(lane, chunk_id)`` starting at the cursor's epoch and drops the rows already delivered.
 """
 from __future__ import annotations
 
@@ -23,19 +24,20 @@ class LaneState:
     ``chain``: operators after the worker stage, in order (accumulators get one instance per lane;
     stateless ones run inline here). ``start``: the lane's checkpoint entry or None (fresh)."""
 
-    def __init__(self, lane: int, source, chain_ops, datasets, *, flush_every: int, unit_size: int,
+    def __init__(self, lane: int, source, chain_ops, datasets, *, span: int, unit_size: int,
                  start: dict | None = None):
         self.lane = lane
         self.source = source
         self.datasets = datasets
-        self.K = flush_every
+        self.span = span
+        self.cs = source.chunk_size
         self.unit_size = unit_size
         self.chain = [(op, op.new_accumulator(lane) if op.stateful else None) for op in chain_ops]
-        start = start or {"sentinel_chunk": 0, "replay_cursor": 0, "delivered_rows": 0}
-        if start["sentinel_chunk"] % self.K:
-            raise ValueError(f"lane {lane}: sentinel_chunk {start['sentinel_chunk']} is not a multiple of "
-                             f"flush_every_k_chunks={self.K}")
-        self.epoch = start["sentinel_chunk"] // self.K          # epoch being produced
+        start = start or {"sentinel_chunk": 0, "sentinel_offset": 0, "replay_cursor": 0, "delivered_rows": 0}
+        first = start["sentinel_chunk"] * self.cs + start["sentinel_offset"]  # lane-local pointer index
+        if first % span:
+            raise ValueError(f"lane {lane}: sentinel at pointer {first} is not a multiple of the flush span {span}")
+        self.epoch = first // span                              # epoch being produced
         self.cursor_epoch = self.epoch                          # epoch of the next row to deliver
         self.cursor_rows = start["replay_cursor"]               # rows of cursor_epoch delivered
         self.delivered_rows = start["delivered_rows"]
@@ -45,7 +47,7 @@ class LaneState:
         self.sealed_rows = {}    # epoch -> final row count, once its sentinel passed
         self.rows: deque = deque()  # (epoch, row) ready for the tail
         # dispatch side
-        self.next_chunk = self.epoch * self.K
+        self.next_chunk, self.start_offset = divmod(first, self.cs)
         self.cur = None          # ChunkPointers being cut into units
         self.cur_offset = 0
         self.source_done = False
@@ -84,16 +86,22 @@ class LaneState:
                 self.source_done = True
                 return
             self.cur = self.source.chunk(self.lane, self.next_chunk)
-            self.cur_offset = 0
-        stop = min(len(self.cur), self.cur_offset + self.unit_size)
+            self.cur_offset, self.start_offset = self.start_offset, 0
+        pos = self.next_chunk * self.cs + self.cur_offset  # lane-local index of the next pointer
+        boundary = (pos // self.span + 1) * self.span       # next flush sentinel
+        stop = max(self.cur_offset, min(len(self.cur), self.cur_offset + self.unit_size,
+                                        self.cur_offset + boundary - pos))
         if stop > self.cur_offset:
             self._enqueue(runner.submit(self.cur.slice(self.cur_offset, stop)))
         self.cur_offset = stop
+        if self.next_chunk * self.cs + stop == boundary:
+            self._enqueue(SENTINEL)
         if self.cur_offset >= len(self.cur):
+            if len(self.cur) < self.cs:  # a finite stream's last, partial chunk
+                self._enqueue(END)
+                self.source_done = True
             self.cur = None
             self.next_chunk += 1
-            if self.next_chunk % self.K == 0:
-                self._enqueue(SENTINEL)
 
     def _enqueue(self, item) -> None:
         self.pending[self.seq_dispatch] = item
@@ -188,6 +196,7 @@ class LaneState:
         e, r = self.cursor_epoch, self.cursor_rows
         if self.sealed_rows.get(e) == r:  # that span is fully delivered: resume at the next one
             e, r = e + 1, 0
-        return {"lane": self.lane, "sentinel_chunk": e * self.K, "replay_cursor": r,
+        chunk, offset = divmod(e * self.span, self.cs)
+        return {"lane": self.lane, "sentinel_chunk": chunk, "sentinel_offset": offset, "replay_cursor": r,
                 "delivered_rows": self.delivered_rows}
 

@@ -52,7 +52,10 @@ class Loader:
         global_batch_size: rows per global step, a multiple of ``canonical_replicas`` (default
             ``canonical_replicas * micro_batch_size``). Each lane gives ``global_batch_size /
             canonical_replicas`` rows per step, in micro-batches of ``micro_batch_size`` rows.
-        flush_every_k_chunks: chunks between flush sentinels (bounds resume cost and padding).
+        flush_every_k_chunks: chunks between flush sentinels; a fraction (e.g. 0.25) puts sentinels
+            inside chunks. The flush span (``flush_every_k_chunks * chunk_size`` pointers per lane, an
+            integer) bounds what a resume replays; each flush pads partly filled rows. Default (None):
+            ``min(chunk_size, 256)`` pointers, which keeps a restore near a cold start at any chunk size.
         dp_degree, dp_rank, lane_assignment: this rank's lanes (``work.lanes_for_rank``).
         runner: ``"inline"``, ``"threads"``, ``"processes"`` or a ``Runner`` to share; ``num_workers``.
         unit_size: pointers per unit of worker work (a performance knob only).
@@ -67,7 +70,7 @@ class Loader:
     def __init__(self, datasets, ops, *, weights=None, seed: int = 0, canonical_replicas: int = 8,
                  chunk_size: int = 256, global_batch_size: int | None = None, shuffle: bool = True,
                  shuffle_block_size: int | None = None, exhaustion: str = "repeat",
-                 flush_every_k_chunks: int = 1, dp_degree: int = 1, dp_rank: int = 0,
+                 flush_every_k_chunks: float | None = None, dp_degree: int = 1, dp_rank: int = 0,
                  lane_assignment: str = "contiguous", runner="threads", num_workers: int = 2,
                  unit_size: int = 256):
         self.datasets = list(datasets)
@@ -92,9 +95,14 @@ class Loader:
         if self.rows_per_step % m:
             raise ValueError(f"micro_batch_size={m} does not divide the {self.rows_per_step} rows each lane "
                              f"gives per step (global_batch_size / canonical_replicas)")
-        if flush_every_k_chunks < 1:
-            raise ValueError(f"flush_every_k_chunks must be >= 1, got {flush_every_k_chunks}")
-        self.flush_every = flush_every_k_chunks
+        if flush_every_k_chunks is None:
+            self.flush_span = min(chunk_size, 256)
+        else:
+            span = flush_every_k_chunks * chunk_size
+            if span < 1 or span != int(span):
+                raise ValueError(f"flush_every_k_chunks={flush_every_k_chunks} x chunk_size={chunk_size} must be a "
+                                 f"whole number of pointers >= 1")
+            self.flush_span = int(span)
         self.unit_size = unit_size
         self.dp_degree, self.dp_rank = dp_degree, dp_rank
         self.lanes = lanes_for_rank(canonical_replicas, dp_degree, dp_rank, lane_assignment)
@@ -109,7 +117,7 @@ class Loader:
         self._owns_runner = not isinstance(runner, Runner)
         self.config = {"version": 1, "work": self.source.fingerprint(),
                        "ops": [op.fingerprint() for op in ops] + [self.batch.fingerprint()],
-                       "global_batch_size": self.global_batch_size, "flush_every_k_chunks": self.flush_every}
+                       "global_batch_size": self.global_batch_size, "flush_span": self.flush_span}
         self.fingerprint = ckpt.digest(self.config)
         self.summary = ckpt.summarize_config(self.config)
         self._state: dict[int, LaneState] = {}
@@ -125,8 +133,8 @@ class Loader:
         elif self._state:
             entries = [self._state[lane].state() for lane in self.lanes]
         else:
-            entries = [{"lane": lane, "sentinel_chunk": 0, "replay_cursor": 0, "delivered_rows": 0}
-                       for lane in self.lanes]
+            entries = [{"lane": lane, "sentinel_chunk": 0, "sentinel_offset": 0, "replay_cursor": 0,
+                        "delivered_rows": 0} for lane in self.lanes]
         return ckpt.make_state(self.fingerprint, self.summary, self.canonical_replicas, self.rows_per_step, entries)
 
     def restore(self, state: dict) -> None:
@@ -135,9 +143,10 @@ class Loader:
         by_lane = ckpt.validate(state, self.fingerprint, self.summary, lanes=self.lanes)
         for lane in self.lanes:
             e = by_lane[lane]
-            if e["sentinel_chunk"] % self.flush_every:
-                raise ckpt.CheckpointError(f"lane {lane}: sentinel_chunk {e['sentinel_chunk']} is not a multiple "
-                                           f"of flush_every_k_chunks={self.flush_every}")
+            first = e["sentinel_chunk"] * self.source.chunk_size + e["sentinel_offset"]
+            if first % self.flush_span or e["sentinel_offset"] >= self.source.chunk_size:
+                raise ckpt.CheckpointError(f"lane {lane}: sentinel ({e['sentinel_chunk']}, {e['sentinel_offset']}) "
+                                           f"is not on a flush boundary (every {self.flush_span} pointers)")
         self._pending = {lane: dict(by_lane[lane]) for lane in self.lanes}
 
     # -- iteration ------------------------------------------------------------------------------
@@ -149,7 +158,7 @@ class Loader:
         self._pending = None
         if self._runner is None:
             self._runner = make_runner(self._runner_spec, self.stage, self.num_workers)
-        self._state = {lane: LaneState(lane, self.source, self.chain_ops, self.datasets, flush_every=self.flush_every,
+        self._state = {lane: LaneState(lane, self.source, self.chain_ops, self.datasets, span=self.flush_span,
                                        unit_size=self.unit_size, start=entries.get(lane)) for lane in self.lanes}
 
     def __iter__(self):
@@ -159,6 +168,9 @@ class Loader:
         while True:
             active = [lane for lane in self.lanes if not (lanes[lane].finished and not lanes[lane].rows)]
             if not active:
+                return
+            if self.batch.drop_last and len(active) < len(self.lanes):
+                self._drop_rest()  # a lane of this rank has ended: no complete step can follow
                 return
             # Step order even after a ragged (mid-step, per-rank) checkpoint: lanes behind go first.
             step = min(lanes[lane].delivered_rows // rps for lane in active)
