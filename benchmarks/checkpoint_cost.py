@@ -72,7 +72,7 @@ def main() -> None:
             rows.append((cs, s, len(blob), train_s, cold, restore, R.stats()["replayed_rows"]))
             print(f"chunk_size={cs} step={s}: {len(blob)} bytes, restore {restore:.2f}s vs cold {cold:.2f}s",
                   flush=True)
-    print(f"\n{a.lanes} lanes, global batch {a.lanes} x 2048 tokens, flush every chunk (default)")
+    print(f"\n{a.lanes} lanes, global batch {a.lanes} x 2048 tokens, default flush span min(chunk_size, 256)")
     print(f"{'chunk_size':>10} {'step':>6} {'ckpt bytes':>10} {'run to step s':>14} {'cold start s':>12} "
           f"{'restore s':>10} {'ratio':>6} {'replayed rows':>13}")
     for cs, s, size, train_s, cold, restore, replayed in rows:

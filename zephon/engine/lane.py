@@ -66,6 +66,10 @@ class LaneState:
     def inflight(self) -> int:
         return sum(1 for p in self.pending.values() if p not in (SENTINEL, END))
 
+    def running(self) -> int:
+        """Units submitted and not finished yet (what occupies workers)."""
+        return sum(1 for p in self.pending.values() if p not in (SENTINEL, END) and not p.done())
+
     def expected_rows(self) -> float:
         """Rows buffered plus those the units in flight should yield (from this lane's rows per unit so
         far; unknown until the first unit is released, so then one unit in flight counts as enough)."""

@@ -213,26 +213,29 @@ class Loader:
             st.release(block=True)
 
     def _fill(self, priority: int, need: int) -> None:
-        """Dispatch work: the lane the tail waits on until its expected rows cover ``need``, then one
-        unit each for the next lanes in tail order that will be short next step, while the runner has
-        capacity. Dispatch order never changes output (per-lane sequence numbers), only speed."""
+        """Dispatch work: the lane the tail waits on until its expected rows cover ``need``, then the
+        next lanes in tail order until they hold two steps, while the runner has free workers (only
+        unfinished units count). Finished units of every lane are absorbed first, so estimates are
+        fresh. Dispatch order never changes output (per-lane sequence numbers), only speed."""
         runner, lanes = self._runner, self._state
+        for s in lanes.values():
+            s.release(block=False)
         st = lanes[priority]
         if not st.pending and st.can_dispatch():
             st.dispatch(runner)
-        inflight = sum(s.inflight() for s in lanes.values())
-        while inflight < runner.capacity and st.can_dispatch() and st.expected_rows() < need:
-            before = st.inflight()
+        busy = sum(s.running() for s in lanes.values())
+        while busy < runner.capacity and st.can_dispatch() and st.expected_rows() < need:
             st.dispatch(runner)
-            inflight += st.inflight() - before
+            busy += 1
         i = self.lanes.index(priority)
+        ahead = 2 * self.rows_per_step
         for lane in self.lanes[i + 1:] + self.lanes[:i]:
-            if inflight >= runner.capacity:
-                break
             s = lanes[lane]
-            if s.can_dispatch() and not s.inflight() and s.expected_rows() < self.rows_per_step:
+            while busy < runner.capacity and s.can_dispatch() and s.expected_rows() < ahead:
                 s.dispatch(runner)
-                inflight += s.inflight()
+                busy += 1
+            if busy >= runner.capacity:
+                break
 
     # -- reporting ------------------------------------------------------------------------------
     def stats(self) -> dict:
