@@ -96,11 +96,20 @@ def test_bad_arguments_are_one_line_errors_with_exit_2(corpus, tokenizer_path, c
                            (["--weights", "1,2"], "2 --weights for 1 --data paths"),
                            (["--resume-dp", "1,,4"], "--resume-dp takes comma-separated numbers"),
                            (["--eos-token", "<nope>"], "not in the tokenizer's vocabulary"),
-                           (["--global-batch-size", "6", "--canonical-replicas", "4"], "not a multiple")):
+                           (["--global-batch-size", "6", "--canonical-replicas", "4", "--dp", "2", "--resume-dp", "1"],
+                            "not a multiple"),
+                           (["--resume-dp", "0"], "dp_degree=0 does not divide"),
+                           (["--output-json", "/nonexistent/dir/x.json"], "does not exist")):
         assert main(base + extra) == 2
         assert message in capsys.readouterr().err
     assert main(["verify", "--data", corpus["docs_jsonl"], "--tokenizer", "nope.json", "--no-progress"]) == 2
     assert "nope.json" in capsys.readouterr().err
+    not_a_tokenizer = f"{corpus['docs_jsonl']}/part-0.jsonl"
+    assert main(["verify", "--data", corpus["docs_jsonl"], "--tokenizer", not_a_tokenizer, "--no-progress"]) == 2
+    assert "is not a tokenizers JSON file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(base + ["--workers", "0"])
+    assert e.value.code == 2 and "must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main(base + ["--checkpoint-step", "5", "--steps", "5"])
     assert e.value.code == 2 and "need 0 < --checkpoint-step (5) < --steps (5)" in capsys.readouterr().err

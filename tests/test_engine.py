@@ -284,3 +284,19 @@ def test_sentinels_inside_chunks_resume_exactly_and_cheaply(corpus, tokenizer_pa
     assert all(c.units <= 2 * len(x.lanes) + 4 for c, x in zip(runner_counts, second))
     with pytest.raises(ValueError, match="whole number of pointers"):
         make_loader(dirs, tokenizer_path, chunk_size=128, flush_every_k_chunks=0.3)
+
+
+def test_an_older_iterator_stops_after_a_new_iter_or_restore(corpus, tokenizer_path):
+    L = make_loader([corpus["docs_jsonl"]], tokenizer_path)
+    first = iter(L)
+    for _ in range(3):
+        next(first)
+    second = iter(L)
+    for _ in range(3):
+        next(second)
+    with pytest.raises(RuntimeError, match="superseded"):
+        next(first)
+    assert sum(e["delivered_rows"] for e in L.checkpoint()["lanes"]) == 6  # what was yielded, once
+    L.restore(L.checkpoint())
+    with pytest.raises(RuntimeError, match="superseded"):
+        next(second)

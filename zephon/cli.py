@@ -72,10 +72,17 @@ def _print_verify(report, args, rows=None) -> int:
 
 
 def _run_verify(args, tokenizer_path) -> int:
-    from .verify import elastic_verify
+    import os
 
-    _, make_loader = _build_pipeline(args, tokenizer_path)
+    from .verify import elastic_verify
+    from .work import check_topology
+
     resume = _numbers(args.resume_dp, int, "--resume-dp")
+    for dp in [args.dp, *resume]:  # before any work: a bad topology should not cost a run
+        check_topology(args.canonical_replicas, dp)
+    if args.output_json and not os.path.isdir(os.path.dirname(os.path.abspath(args.output_json))):
+        raise ValueError(f"--output-json: directory of {args.output_json} does not exist")
+    _, make_loader = _build_pipeline(args, tokenizer_path)
     total = args.steps + args.checkpoint_step + len(resume) * (args.steps - args.checkpoint_step)
     with tqdm(total=total, desc="verify (global steps)", unit="step", file=sys.stderr,
               disable=args.no_progress) as bar:
@@ -168,6 +175,13 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def _pipeline_args(p, demo: bool) -> None:
     p.add_argument("--canonical-replicas", type=int, default=64, help="lanes (fixed for a run)")
     p.add_argument("--dp", type=int, default=16, help="dp degree of the checkpointed run")
@@ -175,14 +189,14 @@ def _pipeline_args(p, demo: bool) -> None:
     p.add_argument("--checkpoint-step", type=int, default=20 if demo else 150)
     p.add_argument("--steps", type=int, default=40 if demo else 300)
     p.add_argument("--max-length", type=int, default=2048, help="tokens per packed row")
-    p.add_argument("--micro-batch", type=int, default=1, help="rows per micro-batch")
+    p.add_argument("--micro-batch", type=_positive, default=1, help="rows per micro-batch")
     p.add_argument("--global-batch-size", type=int, default=None,
                    help="rows per global step (default canonical_replicas x micro-batch)")
     p.add_argument("--runner", default="threads", choices=["inline", "threads", "processes"])
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--workers", type=_positive, default=2)
     p.add_argument("--resume-runner", default=None, choices=["inline", "threads", "processes"])
-    p.add_argument("--resume-workers", type=int, default=None)
-    p.add_argument("--resume-micro-batch", type=int, default=None,
+    p.add_argument("--resume-workers", type=_positive, default=None)
+    p.add_argument("--resume-micro-batch", type=_positive, default=None,
                    help="micro-batch size after the resume (gradient accumulation keeps the global batch)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chunk-size", type=int, default=256, help="pointers per chunk")
@@ -200,7 +214,7 @@ def _pipeline_args(p, demo: bool) -> None:
     p.add_argument("--on-error", default="raise", choices=["raise", "skip"],
                    help="bad samples: raise (default) or skip, count and report them")
     p.add_argument("--output-json", default=None, help="write every step's digests and the checkpoint here")
-    p.add_argument("--table-rows", type=int, default=None if demo else None,
+    p.add_argument("--table-rows", type=_positive, default=None,
                    help="show only this many steps either side of the checkpoint")
     p.add_argument("--no-progress", action="store_true")
 

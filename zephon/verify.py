@@ -83,7 +83,8 @@ def elastic_verify(make_loader, *, dp: int, resume_dps, checkpoint_step: int, st
     resumes = []
     for rdp in resume_dps:
         ph = Phase(f"resume dp={rdp}", rdp, checkpoint_step, steps, resume_runner or runner,
-                   resume_workers if resume_workers is not None else workers, resume_micro_batch or micro_batch)
+                   resume_workers if resume_workers is not None else workers,
+                   resume_micro_batch if resume_micro_batch is not None else micro_batch)
         run_phase(make_loader, ph, restore_from=state, progress=progress)
         resumes.append(ph)
     for ph in resumes:  # the fair comparison: a fresh start on the same dp degree and runner

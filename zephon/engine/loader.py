@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 
+import math
+
 from ..ops.batch import Batch, collate
 from ..work import WorkSource, lanes_for_rank
 from . import checkpoint as ckpt
@@ -61,8 +63,11 @@ class Loader:
         unit_size: pointers per unit of worker work (a performance knob only).
     Iterating yields micro-batch dicts (``ops.collate`` of rows) with ``__lane__``, ``__step__`` and
     ``__micro__``; within a step, micro-batch ``j`` of every owned lane in lane order, then ``j + 1``.
-    A new ``iter()`` continues where the previous one stopped (or from a ``restore``d state); after a
-    finite stream (``exhaustion="stop"``) ended it yields nothing.
+    A new ``iter()`` continues where the previous one stopped (or from a ``restore``d state) and
+    supersedes it (the older iterator raises ``RuntimeError`` if used again; so does one that was
+    live during a ``restore``); after a finite stream (``exhaustion="stop"``) ended it yields nothing.
+    Set ``global_batch_size`` explicitly when the micro-batch size may change between runs: its
+    default (``canonical_replicas * micro_batch_size``) would change with it.
     Raises ``TopologyError`` for a dp_degree that does not divide ``canonical_replicas``, ``ValueError``
     for inconsistent batch sizes, ``formats.DataError`` for bad input while iterating.
     """
@@ -99,7 +104,7 @@ class Loader:
             self.flush_span = min(chunk_size, 256)
         else:
             span = flush_every_k_chunks * chunk_size
-            if span < 1 or span != int(span):
+            if not math.isfinite(span) or span < 1 or span != int(span):
                 raise ValueError(f"flush_every_k_chunks={flush_every_k_chunks} x chunk_size={chunk_size} must be a "
                                  f"whole number of pointers >= 1")
             self.flush_span = int(span)
@@ -112,6 +117,9 @@ class Loader:
         if isinstance(runner, Runner) and runner.stage.fingerprint() != self.stage.fingerprint():
             raise ValueError("the shared runner was built for other datasets or operators; build it with "
                              "make_runner(name, loader.stage) from a loader of the same config")
+        if not isinstance(runner, Runner) and runner != "inline" and (not isinstance(num_workers, int)
+                                                                      or num_workers < 1):
+            raise ValueError(f"num_workers must be an int >= 1 for runner={runner!r}, got {num_workers!r}")
         self._runner_spec, self.num_workers = runner, num_workers
         self._runner: Runner | None = runner if isinstance(runner, Runner) else None
         self._owns_runner = not isinstance(runner, Runner)
@@ -122,6 +130,7 @@ class Loader:
         self.summary = ckpt.summarize_config(self.config)
         self._state: dict[int, LaneState] = {}
         self._pending: dict | None = None
+        self._generation = 0  # bumped by iter() and restore(): an older iterator must stop
         self.dropped_rows = 0
 
     # -- checkpoints --------------------------------------------------------------------------
@@ -148,6 +157,7 @@ class Loader:
                 raise ckpt.CheckpointError(f"lane {lane}: sentinel ({e['sentinel_chunk']}, {e['sentinel_offset']}) "
                                            f"is not on a flush boundary (every {self.flush_span} pointers)")
         self._pending = {lane: dict(by_lane[lane]) for lane in self.lanes}
+        self._generation += 1
 
     # -- iteration ------------------------------------------------------------------------------
     def _start(self) -> None:
@@ -163,6 +173,8 @@ class Loader:
 
     def __iter__(self):
         self._start()
+        self._generation += 1
+        generation = self._generation
         lanes = self._state
         rps, m = self.rows_per_step, self.batch.micro_batch_size
         while True:
@@ -193,6 +205,9 @@ class Loader:
                     start = max(j * m, offset[lane])
                     if start >= (j + 1) * m:
                         continue
+                    if generation != self._generation:
+                        raise RuntimeError("this iterator was superseded by a newer iter() or restore() on the "
+                                           "same Loader; iterate the newest one")
                     rows = lanes[lane].take((j + 1) * m - start)
                     if rows:
                         mb = collate(rows)
@@ -239,10 +254,13 @@ class Loader:
 
     # -- reporting ------------------------------------------------------------------------------
     def stats(self) -> dict:
-        """Counts for this loader's owned lanes: ``skipped`` samples (bad input in skip mode, with up to
-        20 ``skipped_messages``), ``filtered`` records and ``replayed_rows`` (regenerated on resume, not
-        re-delivered) since this iteration started; ``dropped_rows`` (a finite stream's incomplete last
-        step with drop_last); ``delivered_rows`` since the start of training (restored counts included)."""
+        """Counts for this loader's owned lanes. Since this iteration started, over the work processed
+        (read-ahead included, a replayed span counted again, so they vary with prefetch): ``skipped``
+        samples (bad input in skip mode, with up to 20 ``skipped_messages`` naming them), ``filtered``
+        records, ``replayed_rows`` (regenerated on resume, not re-delivered). ``dropped_rows``: a finite
+        stream's incomplete last step with drop_last. ``delivered_rows``: yielded since the start of
+        training (restored counts included; the checkpoint's per-lane ``delivered_rows`` also counts
+        dropped rows, as consumed)."""
         sts = list(self._state.values())
         msgs = [m for s in sts for m in s.skipped_messages][:20]
         return {"skipped": sum(s.skipped for s in sts), "skipped_messages": msgs,

@@ -88,7 +88,10 @@ class ProcessRunner(Runner):
 
 
 def make_runner(name: str, stage, num_workers: int = 2) -> Runner:
-    """Build a runner by name (``inline``, ``threads``, ``processes``). Raises ``ValueError`` otherwise."""
+    """Build a runner by name (``inline``, ``threads``, ``processes``; ``num_workers >= 1`` for the
+    last two). Raises ``ValueError`` otherwise."""
+    if name in ("threads", "processes") and (not isinstance(num_workers, int) or num_workers < 1):
+        raise ValueError(f"num_workers must be an int >= 1 for the {name} runner, got {num_workers!r}")
     if name == "inline":
         return InlineRunner(stage)
     if name == "threads":

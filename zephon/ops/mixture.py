@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Accumulator, Operator
+from ..formats import DataError
+from .base import Accumulator, Operator, RecordError
 
 
 def token_corrected_weights(datasets, weights, token_counter, *, seed: int = 0, sample_size: int = 256) -> list[float]:
@@ -30,13 +31,21 @@ def token_corrected_weights(datasets, weights, token_counter, *, seed: int = 0, 
         ends = np.cumsum(sizes)
         shards = np.searchsorted(ends, picks, side="right")
         idx = picks - (ends - sizes)[shards]
-        records = []
+        counts = []
         for s in np.unique(shards):
             sel = shards == s
             for i, r in zip(idx[sel].tolist(), ds.read(int(s), idx[sel].tolist())):
+                if "__error__" in r:
+                    continue  # a bad sample in skip mode: it will be skipped in training too
                 r["__src__"] = (d, int(s), i, -1)
-                records.append(r)
-        mean = max(1e-9, float(np.mean(token_counter(records))))
+                try:
+                    counts.extend(token_counter([r]))
+                except RecordError as e:
+                    if getattr(ds, "on_error", "raise") != "skip":
+                        shard = ds.shards[int(s)]
+                        raise DataError(f"dataset {ds.name!r}: {e}", path=shard.path, shard=int(s),
+                                        sample=i) from None
+        mean = max(1e-9, float(np.mean(counts))) if counts else 1.0
         out.append(w / mean)
     total = sum(out)
     return [x / total for x in out]

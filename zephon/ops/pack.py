@@ -40,6 +40,8 @@ class Pack(Operator):
             raise ValueError(f"pack method must be one of {PACK_METHODS}, got {method!r}")
         if max_length < 1 or max_open_bins < 1:
             raise ValueError("max_length and max_open_bins must be >= 1")
+        if pad_id < 0:
+            raise ValueError(f"pad_id must be a token id >= 0, got {pad_id}")
         self.max_length, self.method, self.max_open_bins = max_length, method, max_open_bins
         self.pad_id, self.label_pad = pad_id, label_pad
 

@@ -16,10 +16,13 @@ def load_tokenizer(tokenizer):
 
     if isinstance(tokenizer, Tokenizer):
         return tokenizer
-    if isinstance(tokenizer, (str, os.PathLike)) and os.path.exists(tokenizer):
-        return Tokenizer.from_file(os.fspath(tokenizer))
-    if isinstance(tokenizer, str) and tokenizer.lstrip().startswith("{"):
-        return Tokenizer.from_str(tokenizer)
+    try:
+        if isinstance(tokenizer, (str, os.PathLike)) and os.path.exists(tokenizer):
+            return Tokenizer.from_file(os.fspath(tokenizer))
+        if isinstance(tokenizer, str) and tokenizer.lstrip().startswith("{"):
+            return Tokenizer.from_str(tokenizer)
+    except Exception as e:  # tokenizers raises a bare Exception for a file that is not a tokenizer
+        raise ValueError(f"tokenizer {str(tokenizer)[:200]!r} is not a tokenizers JSON file: {e}") from None
     raise FileNotFoundError(f"tokenizer {tokenizer!r}: not a tokenizers.Tokenizer, a tokenizer.json path or its JSON")
 
 
@@ -56,7 +59,12 @@ class Tokenize(Operator):
         self._encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
 
     def _token_id(self, tok):
-        if tok is None or isinstance(tok, int):
+        if tok is None:
+            return tok
+        if isinstance(tok, int):
+            if not 0 <= tok < self.tokenizer.get_vocab_size(with_added_tokens=True):
+                raise ValueError(f"token id {tok} is outside the tokenizer's vocabulary "
+                                 f"(size {self.tokenizer.get_vocab_size(with_added_tokens=True)})")
             return tok
         tid = self.tokenizer.token_to_id(tok)
         if tid is None:

@@ -68,6 +68,9 @@ class WorkSource:
             weights = [1] * len(datasets)
         if len(weights) != len(datasets):
             raise ValueError(f"{len(weights)} mixture weights for {len(datasets)} datasets")
+        if not all(isinstance(v, int) for v in (canonical_replicas, chunk_size, seed)):
+            raise ValueError(f"canonical_replicas, chunk_size and seed must be ints, got "
+                             f"{canonical_replicas!r}, {chunk_size!r}, {seed!r}")
         if canonical_replicas < 1 or chunk_size < 1:
             raise ValueError(f"canonical_replicas and chunk_size must be >= 1, got {canonical_replicas}, {chunk_size}")
         if exhaustion not in EXHAUSTION_POLICIES:
