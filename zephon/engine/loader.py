@@ -195,7 +195,7 @@ class Loader:
                 self._ensure(lane, rps - offset[lane])
                 if len(st.rows) >= rps - offset[lane] or (st.rows and not self.batch.drop_last):
                     ready.append(lane)
-                elif st.rows or self.batch.drop_last:
+                else:  # this lane ended inside the step (only matters with drop_last)
                     short = True
             if short and self.batch.drop_last:
                 self._drop_rest()  # a finite stream's last, incomplete step: this rank stops here
