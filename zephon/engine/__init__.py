@@ -3,8 +3,9 @@ checkpoint state."""
 from .checkpoint import CheckpointError, merge_states
 from .hashing import GlobalBatchHasher, row_digests
 from .loader import Loader
+from .progress import Progress
 from .runners import RUNNERS, InlineRunner, ProcessRunner, Runner, ThreadRunner, make_runner
 from .stage import WorkStage
 
-__all__ = ["RUNNERS", "CheckpointError", "GlobalBatchHasher", "InlineRunner", "Loader", "ProcessRunner", "Runner",
+__all__ = ["RUNNERS", "CheckpointError", "GlobalBatchHasher", "InlineRunner", "Loader", "ProcessRunner", "Progress", "Runner",
            "ThreadRunner", "WorkStage", "make_runner", "merge_states", "row_digests"]

@@ -59,6 +59,11 @@ class Loader:
             integer) bounds what a resume replays; each flush pads partly filled rows. Default (None):
             ``min(chunk_size, 256)`` pointers, which keeps a restore near a cold start at any chunk size.
         dp_degree, dp_rank, lane_assignment: this rank's lanes (``work.lanes_for_rank``).
+        lanes: own only this subset of the rank's lanes (a host loader worker's share,
+            ``work.split_lanes``); ``rank_lanes`` keeps the whole rank's. ``[]`` yields nothing.
+        emit_state: add ``__state__`` to every micro-batch: its lane's checkpoint entry once that
+            micro-batch is consumed, so the consuming process (a host's main process, while workers
+            prefetch) can checkpoint exactly what it used (``engine.Progress``).
         runner: ``"inline"``, ``"threads"``, ``"processes"`` or a ``Runner`` to share; ``num_workers``.
         unit_size: pointers per unit of worker work (a performance knob only).
     Iterating yields micro-batch dicts (``ops.collate`` of rows) with ``__lane__``, ``__step__`` and
@@ -77,7 +82,7 @@ class Loader:
                  shuffle_block_size: int | None = None, exhaustion: str = "repeat",
                  flush_every_k_chunks: float | None = None, dp_degree: int = 1, dp_rank: int = 0,
                  lane_assignment: str = "contiguous", runner="threads", num_workers: int = 2,
-                 unit_size: int = 256):
+                 unit_size: int = 256, lanes=None, emit_state: bool = False):
         self.datasets = list(datasets)
         ops = list(ops)
         self.batch = ops.pop() if ops and isinstance(ops[-1], Batch) else Batch(1)
@@ -110,7 +115,16 @@ class Loader:
             self.flush_span = int(span)
         self.unit_size = unit_size
         self.dp_degree, self.dp_rank = dp_degree, dp_rank
-        self.lanes = lanes_for_rank(canonical_replicas, dp_degree, dp_rank, lane_assignment)
+        self.rank_lanes = lanes_for_rank(canonical_replicas, dp_degree, dp_rank, lane_assignment)
+        if lanes is None:
+            self.lanes = list(self.rank_lanes)
+        else:
+            self.lanes = [int(x) for x in lanes]
+            foreign = sorted(set(self.lanes) - set(self.rank_lanes))
+            if foreign or len(set(self.lanes)) != len(self.lanes):
+                raise ValueError(f"lanes={list(lanes)} must be distinct lanes of dp_rank {dp_rank}, which owns "
+                                 f"{self.rank_lanes[0]}..{self.rank_lanes[-1]} ({lane_assignment}); foreign: {foreign}")
+        self.emit_state = emit_state
         n_work = next((i for i, op in enumerate(ops) if op.stateful), len(ops))
         self.stage = WorkStage(self.datasets, ops[:n_work])
         self.chain_ops = ops[n_work:]
@@ -172,6 +186,8 @@ class Loader:
                                        unit_size=self.unit_size, start=entries.get(lane)) for lane in self.lanes}
 
     def __iter__(self):
+        if not self.lanes:  # a host worker with no share of the lanes: end at once, start nothing
+            return
         self._start()
         self._generation += 1
         generation = self._generation
@@ -212,6 +228,8 @@ class Loader:
                     if rows:
                         mb = collate(rows)
                         mb["__lane__"], mb["__step__"], mb["__micro__"] = lane, step, j
+                        if self.emit_state:
+                            mb["__state__"] = lanes[lane].state()
                         yield mb
 
     def _drop_rest(self) -> None:

@@ -1,0 +1,44 @@
+"""Checkpoint bookkeeping on the consuming side of a host loader.
+
+Host loaders (torch's DataLoader, Composer, Energon) run the pipeline in worker processes that
+prefetch ahead of training. The exact checkpoint is what the training loop consumed, so workers
+attach each lane's entry to its micro-batches (``Loader(emit_state=True)``) and the consuming
+process records the latest entry per lane here. Worker count and prefetch depth never enter it.
+"""
+from __future__ import annotations
+
+from . import checkpoint as ckpt
+
+
+class Progress:
+    """The rank's checkpoint as of the micro-batches consumed so far.
+
+    Args:
+        loader: a ``Loader`` with this rank's config (not iterated; its ``checkpoint()`` gives the
+            starting entries: zero, or a state passed to its ``restore``).
+    ``observe(mb)`` pops ``__state__`` from a consumed micro-batch; ``checkpoint()`` returns the rank's
+    checkpoint dict (every lane of ``loader.rank_lanes``), as ``Loader.checkpoint`` would."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.reset()
+
+    def reset(self) -> None:
+        """Start again from the loader's own state (after ``loader.restore``)."""
+        if list(self.loader.lanes) != list(self.loader.rank_lanes):
+            raise ValueError("Progress needs a loader that owns the whole rank (lanes=None)")
+        self.entries = {e["lane"]: e for e in self.loader.checkpoint()["lanes"]}
+
+    def observe(self, mb: dict) -> dict:
+        """Record the lane entry carried by micro-batch ``mb`` (removed from it); returns ``mb``.
+        Raises ``KeyError`` if ``mb`` has no ``__state__`` (the loader lacks ``emit_state=True``)."""
+        entry = mb.pop("__state__")
+        if entry["lane"] not in self.entries:
+            raise ValueError(f"micro-batch of lane {entry['lane']}, which this rank does not own")
+        self.entries[entry["lane"]] = entry
+        return mb
+
+    def checkpoint(self) -> dict:
+        L = self.loader
+        return ckpt.make_state(L.fingerprint, L.summary, L.canonical_replicas, L.rows_per_step,
+                               list(self.entries.values()))
