@@ -93,6 +93,14 @@ class WorkSource:
         self.total_positions = self._stop_length() if exhaustion == "stop" else None
         self._pass_layout = lru_cache(maxsize=64)(self._pass_layout_uncached)
 
+    # A per-instance cache is not picklable: rebuild it (host loaders ship sources to spawned workers).
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_pass_layout"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._pass_layout = lru_cache(maxsize=64)(self._pass_layout_uncached)
+
     # -- configuration identity -------------------------------------------------------------
     def fingerprint(self) -> dict:
         """Plain JSON data that fixes every pointer this source can produce."""

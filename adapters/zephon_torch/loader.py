@@ -1,0 +1,202 @@
+"""torch DataLoaders whose state is the rank's Zephon checkpoint.
+
+They iterate a ``ZephonIterableDataset`` with ``batch_size=None`` (one item per lane micro-batch from
+the workers), reassemble the rank's lane micro-batches of each (step, micro-batch) into one local
+micro-batch, and record each lane's checkpoint entry as it is handed to the training loop
+(``zephon.engine.Progress``). The state therefore reflects exactly what the loop consumed, and it does
+not depend on ``num_workers`` or prefetching: save with 2 workers, resume with 0 or 3.
+"""
+from __future__ import annotations
+
+import torch
+import torch.utils.data
+from torchdata.stateful_dataloader import StatefulDataLoader as _TorchdataStatefulDataLoader
+
+from zephon.engine import Progress
+
+from .dataset import ZephonIterableDataset
+
+#: Bookkeeping keys of a lane micro-batch, replaced by per-row ``__lane__`` and one ``__step__``.
+_META = ("__lane__", "__step__", "__micro__", "__state__")
+#: Per-row values of varying length: always a list with one tensor per row.
+_RAGGED = ("cu_seqlens",)
+
+
+def _concat(parts: list[dict]) -> dict:
+    """Concatenate lane micro-batches (same step and micro-batch index) along rows, in lane order."""
+    out = {}
+    for k in parts[0]:
+        if k in _META:
+            continue
+        vals = [p[k] for p in parts]
+        if k in _RAGGED or (isinstance(vals[0], torch.Tensor) and len({v.shape[1:] for v in vals}) > 1):
+            out[k] = [row for v in vals for row in v]  # one tensor per row (document boundaries vary)
+        elif isinstance(vals[0], torch.Tensor):
+            out[k] = torch.cat(vals) if len(vals) > 1 else vals[0]
+        else:
+            out[k] = [x for v in vals for x in v] if isinstance(vals[0], list) else vals
+    out["__lane__"] = torch.tensor([p["__lane__"] for p in parts for _ in range(_rows(p))], dtype=torch.long)
+    out["__step__"] = parts[0]["__step__"]
+    out["__micro__"] = parts[0]["__micro__"]
+    return out
+
+
+def _rows(mb: dict) -> int:
+    for v in mb.values():
+        if isinstance(v, torch.Tensor) and v.dim() >= 1:
+            return int(v.shape[0])
+    raise ValueError("micro-batch without a per-row tensor")
+
+
+class _StepAssembly:
+    """Turns the workers' interleaved lane micro-batches into the rank's local micro-batches.
+
+    The rank's order is (step, micro-batch index, lane). Items may arrive out of that order (after a
+    mid-step checkpoint restored with another worker count, workers start at different points); they
+    are buffered until every lane that still owes a micro-batch to the earliest open (step, micro)
+    has delivered it. ``lanes``: the rank's lanes; ``position``: lane -> the (step, micro) it delivers
+    next, from the starting checkpoint."""
+
+    def __init__(self, lanes, position):
+        self.lanes = list(lanes)
+        self.next_pos = dict(position)
+        self.pending: dict[tuple, dict] = {}
+
+    def add(self, mb: dict) -> list[list[dict]]:
+        key = (mb["__step__"], mb["__micro__"])
+        lane = mb["__lane__"]
+        self.pending.setdefault(key, {})[lane] = mb
+        self.next_pos[lane] = (key[0], key[1] + 1)  # at least: the next item of this lane is later
+        return self._ready(final=False)
+
+    def finish(self) -> list[list[dict]]:
+        return self._ready(final=True)
+
+    def _ready(self, final: bool) -> list[list[dict]]:
+        out = []
+        while self.pending:
+            key = min(self.pending)
+            got = self.pending[key]
+            owed = [lane for lane in self.lanes if lane not in got and self.next_pos[lane] <= key]
+            if owed and not final:
+                break
+            del self.pending[key]
+            out.append([got[lane] for lane in self.lanes if lane in got])
+        return out
+
+
+class _RankStateMixin:
+    """State handling shared by both DataLoader flavours (see the module docstring)."""
+
+    def _zephon_init(self, dataset, kwargs):
+        if not isinstance(dataset, ZephonIterableDataset):
+            raise TypeError(f"{type(self).__name__} needs a zephon_torch.ZephonIterableDataset, "
+                            f"got {type(dataset).__name__}")
+        if kwargs.get("batch_size", None) is not None:
+            raise ValueError("batch_size must be None: the Zephon pipeline batches (its final Batch(micro_batch_size) "
+                             "operator and global_batch_size); one item is one local micro-batch")
+        if kwargs.get("persistent_workers"):
+            raise ValueError("persistent_workers=True would carry rows prefetched but never consumed into the next "
+                             "iteration; Zephon restarts workers from the consumed state instead")
+        kwargs["batch_size"] = None
+        self._progress = Progress(dataset.loader)
+
+    def _assembled(self, items):
+        loader = self.dataset.loader
+        rps, m = loader.rows_per_step, loader.batch.micro_batch_size
+        position = {e["lane"]: (e["delivered_rows"] // rps, (e["delivered_rows"] % rps) // m)
+                    for e in self._progress.checkpoint()["lanes"]}
+        asm = _StepAssembly(loader.rank_lanes, position)
+        for mb in items:
+            for group in asm.add(mb):
+                yield self._emit(group)
+        for group in asm.finish():
+            yield self._emit(group)
+
+    def _emit(self, group):
+        for mb in group:
+            self._progress.observe(mb)
+        return _concat(group)
+
+    def _before_iter(self):
+        # A new iteration (or the first after load_state_dict) starts from what was consumed.
+        self.dataset.load_state_dict(self._progress.checkpoint())
+
+    def rank_state_dict(self) -> dict:
+        """This rank's checkpoint (its lanes) as of the last local micro-batch handed out: JSON data."""
+        return self._progress.checkpoint()
+
+    def global_state_dict(self, **gather_kwargs) -> dict:
+        """Every rank's state merged (a collective when torch.distributed is initialised: call it on
+        all ranks; see ``zephon.dist.gather_checkpoint`` for ``aggregate_dir``/``run_id``/``timeout``).
+        Restorable at any dp degree that divides ``canonical_replicas``."""
+        from zephon.dist import gather_checkpoint
+
+        return gather_checkpoint(self.rank_state_dict(), **gather_kwargs)
+
+    def _load_zephon_state(self, state: dict) -> None:
+        self.dataset.load_state_dict(state)  # validates: CheckpointError names what differs / lacks
+        self._progress.reset()
+
+
+class DataLoader(_RankStateMixin, torch.utils.data.DataLoader):
+    """``torch.utils.data.DataLoader`` over a ``ZephonIterableDataset`` with a rank checkpoint.
+
+    Same keyword arguments as torch's DataLoader (``num_workers``, ``pin_memory``, ``prefetch_factor``,
+    ``multiprocessing_context``, ...); ``batch_size`` must be None and ``persistent_workers`` False.
+    Yields local micro-batches: the rank's lane micro-batches of one (step, micro) concatenated in lane
+    order, tensors ``[lanes * micro_batch_size, max_length]`` plus ``__lane__`` (per row), ``__step__``,
+    ``__micro__``. ``state_dict()`` (this rank's lanes, or merged over ranks when torch.distributed is
+    initialised: then a collective) and ``load_state_dict(state)`` (a rank's or a merged state; the next
+    ``iter()`` starts there). Raises ``CheckpointError`` for a state of another config or missing lanes."""
+
+    def __init__(self, dataset, **kwargs):
+        self._zephon_init(dataset, kwargs)
+        super().__init__(dataset, **kwargs)
+
+    def __iter__(self):
+        self._before_iter()
+        return self._assembled(super().__iter__())
+
+    def state_dict(self) -> dict:
+        return _default_state(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        self._load_zephon_state(state)
+
+
+class StatefulDataLoader(_RankStateMixin, _TorchdataStatefulDataLoader):
+    """``torchdata.stateful_dataloader.StatefulDataLoader`` whose state is Zephon's rank checkpoint.
+
+    An instance of torchdata's class (same keyword arguments; ``batch_size`` None, ``persistent_workers``
+    False), but ``state_dict()`` returns plain JSON data that does not depend on ``num_workers`` (torchdata's
+    own per-worker snapshots require the same worker count), so ``load_state_dict`` accepts a state saved
+    with any number of workers, and a merged state saved at another dp degree. Yields what
+    ``zephon_torch.DataLoader`` yields."""
+
+    def __init__(self, dataset, **kwargs):
+        self._zephon_init(dataset, kwargs)
+        # torchdata's worker snapshots are not used (the state comes from consumed items): take them rarely.
+        kwargs.setdefault("snapshot_every_n_steps", 1 << 30)
+        super().__init__(dataset, **kwargs)
+
+    def __iter__(self):
+        self._before_iter()
+        self.next_iter_state = None  # torchdata's per-worker replay is not used: workers start from our state
+        self._iterator = None
+        return self._assembled(super().__iter__())
+
+    def state_dict(self) -> dict:
+        return _default_state(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        self._load_zephon_state(state)
+        self._iterator = None
+
+
+def _default_state(dl) -> dict:
+    """Merged over ranks when a process group is up (every rank holds the global state), else the rank's."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and \
+            torch.distributed.get_world_size() > 1:
+        return dl.global_state_dict()
+    return dl.rank_state_dict()

@@ -1,0 +1,158 @@
+"""A TorchTitan data loader backed by Zephon.
+
+Follows torchtitan 0.3's ``BaseDataLoader`` contract (``torchtitan.components.dataloader``) and the
+constructor shape of its ``HuggingFaceTextDataLoader``: ``(config, *, dp_world_size, dp_rank, tokenizer,
+seq_len, local_batch_size)``, yielding ``({"input": [B, seq_len], "positions": [B, seq_len]},
+labels [B, seq_len])`` with labels already shifted and ``-100`` where a document's last token would
+predict the next document (as torchtitan's own text dataset shifts within documents).
+
+TorchTitan's own loader stores one pickled state per dp rank and refuses a changed dp degree. Here
+``state_dict()`` is the global Zephon checkpoint (merged over ranks with a collective; every rank
+holds it) as a uint8 tensor of its JSON: DCP stores it once (replicated), loads it without unpickling,
+and any dp degree dividing ``canonical_replicas`` restores from it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import torch
+
+from zephon.engine import checkpoint as ckpt
+from zephon.formats import open_dataset
+from zephon.ops import Batch, Decode, Pack, Shuffle, Tokenize
+
+from .dataset import ZephonIterableDataset
+from .loader import StatefulDataLoader
+
+try:  # torchtitan is optional: without it the class follows the same protocol on its own.
+    from torchtitan.components.dataloader import BaseDataLoader as _Base
+    HAVE_TORCHTITAN = True
+except ImportError:  # pragma: no cover - exercised only where torchtitan is absent
+    HAVE_TORCHTITAN = False
+
+    class _Base:  # the protocol: __iter__, state_dict, load_state_dict, nested Config
+        @dataclass(kw_only=True, slots=True)
+        class Config:
+            dataset: str = ""
+            dataset_path: str | None = None
+
+#: Key of the checkpoint in ``state_dict()``: a uint8 tensor holding JSON, zero-padded.
+STATE_KEY = "zephon_checkpoint"
+
+
+class ZephonTextDataLoader(_Base):
+    """TorchTitan text data loader: tokenize + pack + shuffle + mix on the fly, elastic across dp degrees.
+
+    ``Config`` fields (TorchTitan's ``dataset_path`` plus Zephon's): ``dataset_path`` one or more inputs
+    separated by ``,`` (JSONL/Parquet/MDS files, directories or globs), ``weights`` (same count, default
+    equal), ``text_field`` ("text"), ``canonical_replicas`` (lanes, fixed for the run: every dp degree used
+    must divide it), ``seed``, ``shuffle_buffer`` (rows, 0 = off), ``chunk_size``, ``num_workers``
+    (DataLoader workers; may change between runs), ``prefetch_factor``, ``pin_memory``, ``infinite``.
+    Keyword arguments as torchtitan passes them: ``dp_world_size``, ``dp_rank``, ``tokenizer`` (a
+    torchtitan ``HuggingFaceTokenizer``, a ``tokenizers.Tokenizer`` or a tokenizer.json path),
+    ``seq_len`` (tokens per row), ``local_batch_size`` (rows per rank per step; ``local_batch_size *
+    dp_world_size`` is the global batch and must be a multiple of ``canonical_replicas``).
+    Raises ``TopologyError`` for a dp degree that does not divide ``canonical_replicas``, ``ValueError``
+    for inconsistent sizes, ``CheckpointError`` from ``load_state_dict`` for another config."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(_Base.Config):
+        weights: list[float] = field(default_factory=list)
+        text_field: str = "text"
+        canonical_replicas: int = 8
+        seed: int = 0
+        shuffle_buffer: int = 64
+        chunk_size: int = 256
+        num_workers: int = 0
+        prefetch_factor: int | None = None
+        pin_memory: bool = False
+        infinite: bool = True
+
+    def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, tokenizer, seq_len: int,
+                 local_batch_size: int, **kwargs):
+        if kwargs:
+            raise ValueError(f"unsupported keyword arguments {sorted(kwargs)}: set them on "
+                             f"ZephonTextDataLoader.Config")
+        if not config.dataset_path:
+            raise ValueError("ZephonTextDataLoader.Config.dataset_path is empty: give JSONL/Parquet/MDS inputs")
+        self.config, self.dp_world_size, self.dp_rank = config, dp_world_size, dp_rank
+        self.seq_len, self.local_batch_size = seq_len, local_batch_size
+        paths = [p.strip() for p in str(config.dataset_path).split(",") if p.strip()]
+        datasets = [open_dataset(p) for p in paths]
+        tok, bos, eos = _tokenizer(tokenizer)
+        # One more token than seq_len, then shift: input = ids[:-1], labels = next token.
+        ops = [Decode(config.text_field),
+               Tokenize(tok, bos_id=bos, eos_id=eos, add_bos=bos is not None, add_eos=eos is not None,
+                        max_length=seq_len + 1),
+               Pack(seq_len + 1)]
+        if config.shuffle_buffer:
+            ops.append(Shuffle(config.shuffle_buffer, seed=config.seed))
+        global_batch = local_batch_size * dp_world_size
+        if global_batch % config.canonical_replicas:
+            raise ValueError(f"global batch {global_batch} (local_batch_size {local_batch_size} x dp {dp_world_size}) "
+                             f"is not a multiple of canonical_replicas={config.canonical_replicas}")
+        ops.append(Batch(global_batch // config.canonical_replicas))  # one local micro-batch = the local batch
+        self.dataset = ZephonIterableDataset(
+            datasets, ops, dp_degree=dp_world_size, dp_rank=dp_rank, weights=config.weights or None,
+            seed=config.seed, canonical_replicas=config.canonical_replicas, chunk_size=config.chunk_size,
+            global_batch_size=global_batch, exhaustion="repeat" if config.infinite else "stop")
+        dl_kwargs = {"num_workers": config.num_workers, "pin_memory": config.pin_memory}
+        if config.num_workers:
+            dl_kwargs["prefetch_factor"] = config.prefetch_factor or 2
+        self.dataloader = StatefulDataLoader(self.dataset, **dl_kwargs)
+
+    def __iter__(self):
+        for b in self.dataloader:
+            yield ({"input": b["input_ids"][:, :-1], "positions": b["position_ids"][:, :-1]},
+                   b["labels"][:, 1:])
+
+    # -- Stateful (DCP) --------------------------------------------------------------------------
+    def _capacity(self) -> int:
+        """Bytes reserved for the JSON: a pure function of the config (so the tensor DCP loads into has
+        the saved shape), a power of two >= 64 KiB, fitting every lane at the largest counters."""
+        L = self.dataset.loader
+        big = (1 << 62) - 1
+        entries = [{k: (lane if k == "lane" else big) for k in ckpt.LANE_KEYS} for lane in range(L.canonical_replicas)]
+        n = len(ckpt.canonical_json(ckpt.make_state(L.fingerprint, L.summary, L.canonical_replicas,
+                                                    L.rows_per_step, entries)))
+        cap = 1 << 16
+        while cap < n:
+            cap <<= 1
+        return cap
+
+    def state_dict(self) -> dict:
+        """``{STATE_KEY: uint8 tensor [capacity]}``: the global checkpoint's JSON, zero-padded. A
+        collective when torch.distributed is initialised with more than one rank: call on every rank."""
+        raw = ckpt.canonical_json(self.dataloader.state_dict()).encode()
+        buf = torch.zeros(self._capacity(), dtype=torch.uint8)
+        buf[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        return {STATE_KEY: buf}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore from what ``state_dict`` returned (possibly saved at another dp degree or worker
+        count). An empty dict is a fresh start, as in torchtitan. Raises ``CheckpointError`` (another
+        config, missing lanes, malformed) instead of silently starting over."""
+        if not state_dict:
+            return
+        if STATE_KEY not in state_dict:
+            raise ckpt.CheckpointError(f"data loader state has no {STATE_KEY!r} (keys {sorted(state_dict)}): "
+                                       f"not saved by ZephonTextDataLoader")
+        raw = bytes(state_dict[STATE_KEY].to(torch.uint8).cpu().numpy().tobytes()).rstrip(b"\0")
+        try:
+            state = json.loads(raw)
+        except ValueError as e:
+            raise ckpt.CheckpointError(f"data loader state is not valid JSON: {e}") from None
+        self.dataloader.load_state_dict(state)
+
+
+def _tokenizer(tokenizer):
+    """``(tokenizers.Tokenizer or path, bos_id, eos_id)`` from a torchtitan tokenizer or our inputs."""
+    inner = getattr(tokenizer, "tokenizer", None)
+    if inner is not None and hasattr(inner, "encode_batch"):
+        return inner, getattr(tokenizer, "bos_id", None), getattr(tokenizer, "eos_id", None)
+    from zephon.ops.tokenize import load_tokenizer
+
+    tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+    eos = next((t for t in ("<|endoftext|>", "</s>", "<eos>") if tok.token_to_id(t) is not None), None)
+    return tok, None, tok.token_to_id(eos) if eos else None

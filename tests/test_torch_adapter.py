@@ -1,0 +1,173 @@
+"""zephon_torch in one process: DataLoader workers split lanes, state survives num_workers and dp changes.
+
+Oracle: an uninterrupted single-rank core Loader (``helpers.make_loader``), hashed by the test-side
+``StepHasher``; the torch runs are hashed by ``torch_jobs.step_digests`` from the yielded tensors.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchdata")
+
+import zephon_torch  # noqa: E402
+from helpers import StepHasher, make_loader, run_steps  # noqa: E402
+from torch_jobs import R, consume, make_dataset, rows_of, step_digests  # noqa: E402
+from zephon.engine import CheckpointError, merge_states  # noqa: E402
+
+STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def dirs(corpus):
+    return [corpus["docs_jsonl"], corpus["code_jsonl"]]
+
+
+@pytest.fixture(scope="module")
+def reference(dirs, tokenizer_path):
+    h = StepHasher()
+    L = make_loader(dirs, tokenizer_path)
+    run_steps([L], STEPS, h)
+    L.close()
+    return h.digests()
+
+
+def run_ranks(dirs, tok, dp, num_workers, stop, *, state=None, cls=None, micro_batch=1):
+    """Each rank's loader up to the end of step ``stop - 1``: (rows, merged state)."""
+    cls = cls or zephon_torch.StatefulDataLoader
+    rows, states = [], []
+    for r in range(dp):
+        dl = cls(make_dataset(dirs, tok, dp=dp, rank=r, micro_batch=micro_batch), num_workers=num_workers)
+        if state is not None:
+            dl.load_state_dict(state)
+        rows.extend(consume(dl, stop, 2 // micro_batch))
+        states.append(dl.state_dict())
+    return rows, merge_states(states)
+
+
+@pytest.mark.parametrize("cls", ["DataLoader", "StatefulDataLoader"])
+@pytest.mark.parametrize("num_workers", [0, 2, 3])
+def test_workers_reproduce_the_global_batches(dirs, tokenizer_path, reference, cls, num_workers):
+    rows, _ = run_ranks(dirs, tokenizer_path, 2, num_workers, STEPS, cls=getattr(zephon_torch, cls))
+    assert step_digests(rows) == reference
+
+
+@pytest.mark.parametrize("save_workers,resume", [(2, [(1, 0), (4, 3)]), (0, [(8, 2), (2, 1)])])
+def test_resume_at_other_worker_counts_and_dp(dirs, tokenizer_path, reference, save_workers, resume):
+    _, state = run_ranks(dirs, tokenizer_path, 2, save_workers, 3)
+    json.dumps(state)  # plain JSON data
+    assert state["step"] == 3
+    for dp, nw in resume:
+        rows, _ = run_ranks(dirs, tokenizer_path, dp, nw, STEPS, state=state, cls=zephon_torch.DataLoader)
+        got = step_digests(rows)
+        assert sorted(got) == list(range(3, STEPS))
+        assert got == {s: reference[s] for s in range(3, STEPS)}, (dp, nw)
+
+
+def test_mid_step_checkpoint_resumes_exactly(dirs, tokenizer_path, reference):
+    """Stop after micro-batch 0 of step 2 (micro_batch 1: 2 micro-batches per step), resume elsewhere."""
+    states, before = [], []
+    for r in range(2):
+        dl = zephon_torch.StatefulDataLoader(make_dataset(dirs, tokenizer_path, dp=2, rank=r), num_workers=2)
+        for b in dl:
+            before.extend(rows_of(b))
+            if (b["__step__"], b["__micro__"]) == (2, 0):
+                break
+        states.append(dl.state_dict())
+    state = merge_states(states)
+    assert {e["delivered_rows"] for e in state["lanes"]} == {5}  # 2 steps x 2 rows + 1
+    after, _ = run_ranks(dirs, tokenizer_path, 4, 3, STEPS, state=state)
+    assert step_digests(before + after) == reference
+
+
+def test_new_iter_continues_where_consumption_stopped(dirs, tokenizer_path, reference):
+    dl = zephon_torch.DataLoader(make_dataset(dirs, tokenizer_path, dp=1, rank=0), num_workers=2)
+    rows = consume(dl, 2, 2)  # workers prefetched beyond this: those rows must not be lost
+    rows += consume(dl, 5, 2)
+    assert step_digests(rows) == {s: reference[s] for s in range(5)}
+
+
+def test_plain_torch_dataloader_round_robin_is_the_rank_order(dirs, tokenizer_path):
+    ds = make_dataset(dirs, tokenizer_path, dp=2, rank=1)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    seen = []
+    for mb in dl:
+        seen.append((mb["__step__"], mb["__micro__"], mb["__lane__"]))
+        if len(seen) == 3 * 2 * 4:
+            break
+    lanes = list(range(4, 8))
+    assert seen == [(s, j, lane) for s in range(3) for j in range(2) for lane in lanes]
+
+
+def test_other_config_and_missing_lanes_are_refused(dirs, tokenizer_path):
+    dl = zephon_torch.StatefulDataLoader(make_dataset(dirs, tokenizer_path, dp=2, rank=0), num_workers=0)
+    consume(dl, 1, 2)
+    rank0 = dl.state_dict()
+    other = zephon_torch.DataLoader(make_dataset(dirs, tokenizer_path, dp=2, rank=1), num_workers=0)
+    with pytest.raises(CheckpointError, match=r"lacks lanes \[4, 5, 6, 7\]"):
+        other.load_state_dict(rank0)
+    from zephon.ops import Batch, Decode, Pack, Tokenize
+
+    ds = zephon_torch.ZephonIterableDataset(
+        make_dataset(dirs, tokenizer_path, dp=2, rank=0).loader.datasets,
+        [Decode("text"), Tokenize(tokenizer_path, eos_id="<eos>", max_length=128), Pack(128), Batch(1)],
+        dp_degree=2, dp_rank=0, seed=1, canonical_replicas=R, chunk_size=32, global_batch_size=2 * R,
+        flush_every_k_chunks=2)
+    with pytest.raises(CheckpointError, match="seed"):
+        zephon_torch.DataLoader(ds).load_state_dict(rank0)
+
+
+def test_bad_arguments_are_refused(dirs, tokenizer_path):
+    ds = make_dataset(dirs, tokenizer_path, dp=1, rank=0)
+    with pytest.raises(ValueError, match="batch_size must be None"):
+        zephon_torch.DataLoader(ds, batch_size=4)
+    with pytest.raises(ValueError, match="persistent_workers"):
+        zephon_torch.StatefulDataLoader(ds, num_workers=2, persistent_workers=True)
+    with pytest.raises(TypeError, match="ZephonIterableDataset"):
+        zephon_torch.DataLoader(list(range(3)))
+
+
+def test_torchtitan_loader_contract(corpus, tokenizer_path):
+    from zephon_torch.titan import STATE_KEY, ZephonTextDataLoader
+
+    cfg = ZephonTextDataLoader.Config(dataset_path=f"{corpus['docs_jsonl']},{corpus['code_jsonl']}",
+                                      canonical_replicas=R, shuffle_buffer=4, chunk_size=32)
+    titan = pytest.importorskip("torchtitan.components.dataloader")
+    dl = ZephonTextDataLoader(cfg, dp_world_size=1, dp_rank=0, tokenizer=tokenizer_path, seq_len=64,
+                              local_batch_size=16)
+    assert isinstance(dl, titan.BaseDataLoader)
+    it = iter(dl)
+    batches = [next(it) for _ in range(3)]
+    inputs, labels = batches[0]
+    assert inputs["input"].shape == labels.shape == inputs["positions"].shape == (16, 64)
+    assert inputs["input"].dtype == labels.dtype == torch.long
+    sd = dl.state_dict()
+    assert set(sd) == {STATE_KEY} and sd[STATE_KEY].dtype == torch.uint8 and sd[STATE_KEY].numel() >= 1 << 16
+    again = ZephonTextDataLoader(cfg, dp_world_size=2, dp_rank=1, tokenizer=tokenizer_path, seq_len=64,
+                                 local_batch_size=8)
+    assert again.state_dict()[STATE_KEY].shape == sd[STATE_KEY].shape  # DCP loads into the saved shape
+    again.load_state_dict(sd)
+    nxt, _ = next(iter(again))
+    assert torch.equal(nxt["input"], next(it)[0]["input"][8:])  # rank 1 of dp 2 = second half of dp 1's batch
+    with pytest.raises(CheckpointError, match="not saved by ZephonTextDataLoader"):
+        again.load_state_dict({"dp_rank_0": b"x", "world_size": 1})
+    again.load_state_dict({})  # empty is a fresh start, as in torchtitan
+
+
+def test_torchtitan_labels_are_shifted_within_documents(corpus, tokenizer_path):
+    from zephon_torch.titan import ZephonTextDataLoader
+
+    cfg = ZephonTextDataLoader.Config(dataset_path=corpus["docs_jsonl"], canonical_replicas=R, shuffle_buffer=0,
+                                      chunk_size=32)
+    dl = ZephonTextDataLoader(cfg, dp_world_size=1, dp_rank=0, tokenizer=tokenizer_path, seq_len=64,
+                              local_batch_size=8)
+    inputs, labels = next(iter(dl))
+    x, pos = inputs["input"], inputs["positions"]
+    for i in range(x.shape[0]):
+        for t in range(63):
+            if labels[i, t] != -100:
+                assert labels[i, t] == x[i, t + 1] and pos[i, t + 1] == pos[i, t] + 1
+            elif pos[i, t + 1] != 0:  # -100 only where the next position starts a document (or pads)
+                assert (x[i, t + 1:] == 0).all()

@@ -1,0 +1,188 @@
+"""Builders and per-rank job functions for the torch adapter tests (importable by spawned processes).
+
+The configuration mirrors ``helpers.make_loader`` so an uninterrupted single-rank core ``Loader``
+(hashed by ``helpers.StepHasher``) is the independent reference for every torch run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import defaultdict
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from zephon.formats import open_dataset
+from zephon.ops import Batch, Decode, Pack, Shuffle, Tokenize
+
+R = 8  # canonical_replicas
+FIELD_DTYPES = {"input_ids": np.int32, "labels": np.int32, "position_ids": np.int32, "attention_mask": np.uint8}
+
+
+def make_dataset(dirs, tok, *, dp, rank, micro_batch=1, runner="inline", worker_runner="inline"):
+    """``ZephonIterableDataset`` with ``helpers.make_loader``'s defaults (global batch 2 * R rows)."""
+    import zephon_torch
+
+    ops = [Decode("text"), Tokenize(tok, eos_id="<eos>", max_length=128), Pack(128), Shuffle(4, seed=0),
+           Batch(micro_batch)]
+    return zephon_torch.ZephonIterableDataset(
+        [open_dataset(d) for d in dirs], ops, dp_degree=dp, dp_rank=rank, runner=runner, num_workers=2,
+        worker_runner=worker_runner, seed=0, canonical_replicas=R, chunk_size=32, global_batch_size=2 * R,
+        flush_every_k_chunks=2, unit_size=32)
+
+
+def rows_of(batch) -> list[tuple[int, int, bytes]]:
+    """``(step, lane, row bytes in the core's dtypes)`` for each row of a local micro-batch."""
+    out = []
+    for i in range(len(batch["__lane__"])):
+        raw = b"".join(batch[f][i].numpy().astype(t).tobytes() for f, t in FIELD_DTYPES.items())
+        out.append((int(batch["__step__"]), int(batch["__lane__"][i]), raw))
+    return out
+
+
+def step_digests(rows) -> dict[int, str]:
+    """Per step: SHA-256 over rows, lanes ascending, delivery order within a lane (as StepHasher)."""
+    by = defaultdict(lambda: defaultdict(list))
+    for step, lane, raw in rows:
+        by[step][lane].append(raw)
+    return {s: hashlib.sha256(b"".join(r for lane in sorted(ls) for r in ls[lane])).hexdigest()
+            for s, ls in by.items()}
+
+
+def consume(dl, until_step: int, micro_per_step: int):
+    """Iterate ``dl`` until the last local micro-batch of step ``until_step - 1``; returns the rows."""
+    rows = []
+    if until_step <= 0:
+        return rows
+    for b in dl:
+        rows.extend(rows_of(b))
+        if b["__step__"] == until_step - 1 and b["__micro__"] == micro_per_step - 1:
+            break
+    return rows
+
+
+def _init(rank, world, init_file):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+
+
+def loader_job(rank, world, init_file, spec):
+    """One rank of a torch.distributed run over ``zephon_torch.StatefulDataLoader``.
+
+    ``spec``: dirs, tok, num_workers, micro_batch, start (step the run begins at), stop, load (JSON
+    path or None), save (JSON path or None), out (rank 0 writes ``{"digests": ...}`` there).
+    Rows are gathered on rank 0, which hashes each global batch."""
+    import zephon_torch
+
+    _init(rank, world, init_file)
+    try:
+        ds = make_dataset(spec["dirs"], spec["tok"], dp=world, rank=rank,
+                          micro_batch=spec["micro_batch"])
+        dl = zephon_torch.StatefulDataLoader(ds, num_workers=spec["num_workers"])
+        if spec.get("load"):
+            with open(spec["load"]) as fh:
+                dl.load_state_dict(json.load(fh))
+        rows = consume(dl, spec["stop"], 2 // spec["micro_batch"])
+        state = dl.state_dict() if spec.get("save") else None  # a collective: the merged state
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object(rows, gathered, dst=0)
+        if rank == 0:
+            all_rows = [r for part in gathered for r in part]
+            if spec.get("save"):
+                with open(spec["save"], "w") as fh:
+                    json.dump(state, fh)
+            with open(spec["out"], "w") as fh:
+                json.dump({"digests": step_digests(all_rows), "state_lanes": len(state["lanes"]) if state else 0,
+                           "state_bytes": len(json.dumps(state)) if state else 0}, fh)
+    finally:
+        dist.destroy_process_group()
+
+
+# -- a TorchTitan-shaped loop --------------------------------------------------------------------------
+class TinyLM(torch.nn.Module):
+    def __init__(self, vocab=1000, dim=16):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, dim)
+        self.out = torch.nn.Linear(dim, vocab)
+
+    def forward(self, tokens):
+        return self.out(self.emb(tokens))
+
+
+def titan_job(rank, world, init_file, spec):
+    """TorchTitan-shaped training: ``ZephonTextDataLoader``, a tiny model, AdamW, gradients averaged
+    over ranks with all_reduce, DCP save/load of model + optimizer + data loader.
+
+    ``spec``: path (dataset_path), tok, num_workers, steps (train until this global step), ckpt_load,
+    ckpt_save (DCP directories or None), out (rank 0 writes per-step losses and batch digests)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from zephon_torch.titan import ZephonTextDataLoader
+
+    _init(rank, world, init_file)
+    try:
+        torch.manual_seed(0)
+        model = TinyLM()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        cfg = ZephonTextDataLoader.Config(dataset_path=spec["path"], canonical_replicas=R, shuffle_buffer=4,
+                                          chunk_size=32, num_workers=spec["num_workers"])
+        loader = ZephonTextDataLoader(cfg, dp_world_size=world, dp_rank=rank, tokenizer=spec["tok"], seq_len=64,
+                                      local_batch_size=16 // world)
+        step = 0
+        if spec.get("ckpt_load"):
+            msd, osd = get_state_dict(model, opt)
+            state = {"model": msd, "optim": osd, "dataloader": loader, "step": torch.zeros(1, dtype=torch.long)}
+            dcp.load(state, checkpoint_id=spec["ckpt_load"])
+            set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+            step = int(state["step"].item())
+        losses, rows = {}, []
+        it = iter(loader)
+        while step < spec["steps"]:
+            inputs, labels = next(it)
+            for i in range(labels.shape[0]):  # per row, so the global batch hash ignores the dp split
+                rows.append((step, rank, b"".join(t[i].numpy().astype(np.int64).tobytes()
+                                                  for t in (inputs["input"], inputs["positions"], labels))))
+            logits = model(inputs["input"])
+            loss_sum = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100,
+                                                         reduction="sum")
+            count = (labels != -100).sum().to(torch.float32)
+            totals = torch.stack([loss_sum.detach(), count])
+            dist.all_reduce(totals)
+            opt.zero_grad()
+            (loss_sum / totals[1]).backward()  # the global mean: gradients summed over ranks below
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+            opt.step()
+            losses[step] = float(totals[0] / totals[1])
+            step += 1
+        if spec.get("ckpt_save"):
+            msd, osd = get_state_dict(model, opt)
+            dcp.save({"model": msd, "optim": osd, "dataloader": loader,
+                      "step": torch.tensor([step], dtype=torch.long)}, checkpoint_id=spec["ckpt_save"])
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object(rows, gathered, dst=0)
+        if rank == 0:
+            # A global batch: every rank's local batch of that step, ranks in order (= lanes ascending).
+            by_step = defaultdict(list)
+            for part in gathered:
+                for s, r, raw in part:
+                    by_step[s].append((r, raw))
+            digests = {s: hashlib.sha256(b"".join(raw for _, raw in sorted(v, key=lambda x: x[0]))).hexdigest()
+                       for s, v in by_step.items()}
+            with open(spec["out"], "w") as fh:
+                json.dump({"losses": losses, "digests": digests}, fh)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(fn, world, tmp, spec):
+    """Run ``fn(rank, world, init_file, spec)`` on ``world`` spawned processes; returns rank 0's JSON."""
+    import torch.multiprocessing as mp
+
+    init_file = os.path.join(tmp, f"init-{os.urandom(4).hex()}")
+    spec = dict(spec, out=os.path.join(tmp, f"out-{os.urandom(4).hex()}.json"))
+    mp.spawn(fn, args=(world, init_file, spec), nprocs=world, join=True)
+    with open(spec["out"]) as fh:
+        return json.load(fh)
