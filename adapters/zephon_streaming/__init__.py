@@ -1,0 +1,6 @@
+"""Zephon for Mosaic Composer / llm-foundry: ``StreamingDataset``, ``Stream`` and ``StreamingDataLoader``
+with mosaicml-streaming 0.13's keyword names, on Zephon's lanes (see docs/streaming.md)."""
+from .dataset import STATE_FORMAT, RefusedKeyword, Stream, StreamingDataset, detect_world
+from .loader import StreamingDataLoader
+
+__all__ = ["STATE_FORMAT", "RefusedKeyword", "Stream", "StreamingDataLoader", "StreamingDataset", "detect_world"]
