@@ -14,7 +14,7 @@ pytest.importorskip("torchdata")
 
 import zephon_torch  # noqa: E402
 from helpers import StepHasher, make_loader, run_steps  # noqa: E402
-from torch_jobs import R, consume, make_dataset, rows_of, step_digests  # noqa: E402
+from torch_jobs import R, consume, make_dataset, rows_of, small_corpus, step_digests  # noqa: E402
 from zephon.engine import CheckpointError, merge_states  # noqa: E402
 
 STEPS = 8
@@ -171,3 +171,20 @@ def test_torchtitan_labels_are_shifted_within_documents(corpus, tokenizer_path):
                 assert labels[i, t] == x[i, t + 1] and pos[i, t + 1] == pos[i, t] + 1
             elif pos[i, t + 1] != 0:  # -100 only where the next position starts a document (or pads)
                 assert (x[i, t + 1:] == 0).all()
+
+
+@pytest.mark.parametrize("num_workers", [0, 3])
+def test_finite_stream_ends_at_the_single_rank_step(corpus, tokenizer_path, tmp_path, num_workers):
+    """exhaustion="stop": workers' lanes run out at different steps; the rank stops at the first step
+    not every lane completes, as one uninterrupted core Loader does."""
+    small = small_corpus(corpus, tmp_path)
+    h = StepHasher()
+    L = make_loader(small, tokenizer_path, exhaustion="stop")
+    for mb in L:
+        h.add(mb)
+    L.close()
+    ref = h.digests()
+    assert 5 < len(ref) < 60
+    dl = zephon_torch.DataLoader(make_dataset(small, tokenizer_path, dp=1, rank=0, exhaustion="stop"),
+                                 num_workers=num_workers)
+    assert step_digests(consume(dl, 10_000, 2)) == ref

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchdata")
 
 from helpers import StepHasher, make_loader, run_steps  # noqa: E402
-from torch_jobs import loader_job, spawn, titan_job  # noqa: E402
+from torch_jobs import loader_job, small_corpus, spawn, titan_job  # noqa: E402
 
 STEPS, K = 7, 3
 
@@ -49,6 +49,21 @@ def test_checkpoint_on_2_resume_on_4(dirs, tokenizer_path, reference, tmp_path):
     assert first["digests"] == {str(s): reference[str(s)] for s in range(K)}
     out = spawn(loader_job, 4, str(tmp_path), dict(spec, micro_batch=1, num_workers=1, stop=STEPS, load=ckpt))
     assert out["digests"] == {str(s): reference[str(s)] for s in range(K, STEPS)}
+
+
+def test_finite_stream_every_rank_stops_at_the_same_step(corpus, tokenizer_path, tmp_path):
+    """exhaustion="stop" on 2 ranks x 2 workers: ranks agree on the last complete step (no rank left
+    waiting in a collective), and the steps equal one uninterrupted single-process run's."""
+    small = small_corpus(corpus, tmp_path)
+    h = StepHasher()
+    L = make_loader(small, tokenizer_path, exhaustion="stop")
+    for mb in L:
+        h.add(mb)
+    L.close()
+    ref = {str(s): d for s, d in h.digests().items()}
+    out = spawn(loader_job, 2, str(tmp_path), dict(dirs=small, tok=tokenizer_path, micro_batch=1, num_workers=2,
+                                                   stop=10_000, exhaustion="stop"))
+    assert out["digests"] == ref
 
 
 def test_torchtitan_loop_dcp_resume(corpus, tokenizer_path, tmp_path):

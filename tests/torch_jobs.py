@@ -21,7 +21,8 @@ R = 8  # canonical_replicas
 FIELD_DTYPES = {"input_ids": np.int32, "labels": np.int32, "position_ids": np.int32, "attention_mask": np.uint8}
 
 
-def make_dataset(dirs, tok, *, dp, rank, micro_batch=1, runner="inline", worker_runner="inline"):
+def make_dataset(dirs, tok, *, dp, rank, micro_batch=1, runner="inline", worker_runner="inline",
+                 exhaustion="repeat"):
     """``ZephonIterableDataset`` with ``helpers.make_loader``'s defaults (global batch 2 * R rows)."""
     import zephon_torch
 
@@ -30,7 +31,21 @@ def make_dataset(dirs, tok, *, dp, rank, micro_batch=1, runner="inline", worker_
     return zephon_torch.ZephonIterableDataset(
         [open_dataset(d) for d in dirs], ops, dp_degree=dp, dp_rank=rank, runner=runner, num_workers=2,
         worker_runner=worker_runner, seed=0, canonical_replicas=R, chunk_size=32, global_batch_size=2 * R,
-        flush_every_k_chunks=2, unit_size=32)
+        flush_every_k_chunks=2, unit_size=32, exhaustion=exhaustion)
+
+
+def small_corpus(corpus: dict, root, docs: int = 120) -> list[str]:
+    """Two one-shard JSONL datasets of ``docs`` documents each (a finite stream ends within ~20 steps)."""
+    out = []
+    for name in ("docs_jsonl", "code_jsonl"):
+        src = os.path.join(corpus[name], "part-0.jsonl")
+        d = os.path.join(str(root), "small_" + name)
+        os.makedirs(d, exist_ok=True)
+        with open(src) as fh, open(os.path.join(d, "part-0.jsonl"), "w") as out_fh:
+            for i, line in zip(range(docs), fh):
+                out_fh.write(line)
+        out.append(d)
+    return out
 
 
 def rows_of(batch) -> list[tuple[int, int, bytes]]:
@@ -77,8 +92,8 @@ def loader_job(rank, world, init_file, spec):
 
     _init(rank, world, init_file)
     try:
-        ds = make_dataset(spec["dirs"], spec["tok"], dp=world, rank=rank,
-                          micro_batch=spec["micro_batch"])
+        ds = make_dataset(spec["dirs"], spec["tok"], dp=world, rank=rank, micro_batch=spec["micro_batch"],
+                          exhaustion=spec.get("exhaustion", "repeat"))
         dl = zephon_torch.StatefulDataLoader(ds, num_workers=spec["num_workers"])
         if spec.get("load"):
             with open(spec["load"]) as fh:
@@ -93,7 +108,8 @@ def loader_job(rank, world, init_file, spec):
                 with open(spec["save"], "w") as fh:
                     json.dump(state, fh)
             with open(spec["out"], "w") as fh:
-                json.dump({"digests": step_digests(all_rows), "state_lanes": len(state["lanes"]) if state else 0,
+                json.dump({"digests": step_digests(all_rows), "dropped_rows": dl.dropped_rows,
+                           "state_lanes": len(state["lanes"]) if state else 0,
                            "state_bytes": len(json.dumps(state)) if state else 0}, fh)
     finally:
         dist.destroy_process_group()

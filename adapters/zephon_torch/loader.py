@@ -8,6 +8,8 @@ not depend on ``num_workers`` or prefetching: save with 2 workers, resume with 0
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.utils.data
 from torchdata.stateful_dataloader import StatefulDataLoader as _TorchdataStatefulDataLoader
@@ -100,6 +102,8 @@ class _RankStateMixin:
                              "iteration; Zephon restarts workers from the consumed state instead")
         kwargs["batch_size"] = None
         self._progress = Progress(dataset.loader)
+        self._agree_group = None
+        self.dropped_rows = 0  # a finite stream's last steps that not every rank could complete
 
     def _assembled(self, items):
         loader = self.dataset.loader
@@ -107,11 +111,50 @@ class _RankStateMixin:
         position = {e["lane"]: (e["delivered_rows"] // rps, (e["delivered_rows"] % rps) // m)
                     for e in self._progress.checkpoint()["lanes"]}
         asm = _StepAssembly(loader.rank_lanes, position)
-        for mb in items:
-            for group in asm.add(mb):
+
+        def groups():
+            for mb in items:
+                yield from asm.add(mb)
+            yield from asm.finish()
+
+        if loader.source.exhaustion == "stop" and loader.batch.drop_last:
+            start = {e["lane"]: e["delivered_rows"] for e in self._progress.checkpoint()["lanes"]}
+            yield from self._agreed_steps(groups(), start, rps)
+        else:
+            for group in groups():
                 yield self._emit(group)
-        for group in asm.finish():
-            yield self._emit(group)
+
+    def _agreed_steps(self, groups, delivered, rps):
+        """A finite stream with drop_last: workers' lanes, and ranks, run out at different steps (a rank
+        that stopped early would hang the others in their next collective). Each step is buffered and
+        released only when all the rank's lanes, and under torch.distributed every rank (one all_reduce
+        MIN per step on a gloo group), hold it complete; the first step that is not ends the stream
+        everywhere, its rows counted in ``dropped_rows``."""
+        import torch.distributed as dist
+
+        distributed = _world_size() > 1
+        if distributed and self._agree_group is None:
+            self._agree_group = dist.new_group(backend="gloo")
+        it = itertools.chain(groups, [None])
+        group = next(it)
+        while True:  # one round per step; the round after the last step tells the other ranks to stop
+            step, buffered = (None if group is None else group[0]["__step__"]), []
+            while group is not None and group[0]["__step__"] == step:
+                buffered.append(group)
+                group = next(it)
+            for g in buffered:
+                for mb in g:
+                    delivered[mb["__lane__"]] += _rows(mb)
+            complete = step is not None and all(delivered[lane] >= (step + 1) * rps for lane in delivered)
+            if distributed:
+                flag = torch.tensor([1 if complete else 0], dtype=torch.int32)
+                dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._agree_group)
+                complete = bool(flag.item())
+            if not complete:
+                self.dropped_rows += sum(_rows(mb) for g in buffered for mb in g)
+                return
+            for g in buffered:
+                yield self._emit(g)
 
     def _emit(self, group):
         for mb in group:
@@ -194,9 +237,13 @@ class StatefulDataLoader(_RankStateMixin, _TorchdataStatefulDataLoader):
         self._iterator = None
 
 
+def _world_size() -> int:
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 def _default_state(dl) -> dict:
     """Merged over ranks when a process group is up (every rank holds the global state), else the rank's."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and \
-            torch.distributed.get_world_size() > 1:
+    if _world_size() > 1:
         return dl.global_state_dict()
     return dl.rank_state_dict()
