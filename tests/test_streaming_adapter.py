@@ -392,3 +392,17 @@ def test_mds_shards_written_by_mdswriter(tmp_path):
         ref = MosaicDataset(local=str(out), split="train", batch_size=1)
         want = sorted((int(s["id"]), s["text"]) for s in ref)
     assert len(got) == len(ds) and set(got) <= set(want) and len(want) == 200
+
+
+def test_replication_gives_replica_ranks_identical_batches(data):
+    o, _ = oracle(data, epochs=1)
+    dsets = [make(data, r, 4, replication=2, batch_size=8, run_id="rep") for r in range(4)]
+    its = [iter(DataLoader(d, batch_size=8)) for d in dsets]
+    for step in range(3):
+        bs = [batch_rows(next(it)) for it in its]
+        assert bs[0] == bs[1] and bs[2] == bs[3] and bs[0] != bs[2]
+        assert digest(bs[0] + bs[2]) == o[0][step]
+    state = gather_states(dsets, 3 * GBS)
+    ds1 = make(data)
+    ds1.load_state_dict(state)
+    assert take_steps([iter(DataLoader(ds1, batch_size=GBS))], None) == o[0][3:]
