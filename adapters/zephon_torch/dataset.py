@@ -8,6 +8,8 @@ count or prefetch depth (``zephon_torch.DataLoader`` / ``StatefulDataLoader`` do
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -99,7 +101,8 @@ class ZephonIterableDataset(IterableDataset):
             for mb in L:
                 yield to_torch(mb)
         finally:
-            L.close()
+            if not sys.is_finalizing():  # a generator collected at exit: the pools are being torn down
+                L.close()
 
     # -- torchdata Stateful protocol (per process) -----------------------------------------------
     def state_dict(self) -> dict:
