@@ -172,7 +172,8 @@ def _default_name(source, paths: list[str]) -> str:
 
 def open_dataset(source, *, name: str | None = None, format: str | None = None,
                  columns: Sequence[str] | None = None, cache_dir: str | None = None,
-                 on_error: str = "raise") -> Dataset:
+                 on_error: str = "raise", split: str | None = None, allow_unsafe_types: bool = False,
+                 validate_hash: str | None = None) -> Dataset:
     """Open JSONL and/or Parquet files as one Dataset, counting the samples of every file.
 
     source: a directory (all supported files in it, recursively, sorted by relative path; hidden
@@ -186,7 +187,17 @@ def open_dataset(source, *, name: str | None = None, format: str | None = None,
     Raises DataError: no files matched; unknown file type; truncated/corrupt .gz/.zst; unreadable
     Parquet; missing Parquet column; an empty file (with on_error="skip" an empty file becomes a
     shard of 0 samples and a DataWarning is issued instead). ValueError for bad arguments.
+
+    MDS (format="mds", or auto-detected when ``source`` is a directory holding a streaming
+    ``index.json``): one dataset directory per call; ``split``, ``allow_unsafe_types`` and
+    ``validate_hash`` apply to it only (see ``mds.open_mds``).
     """
+    from . import mds  # registration of the MDS reader (imported here: mds builds on this module)
+    if format == "mds" or (format is None and mds.is_mds_source(source, split)):
+        return mds.open_mds(source, name=name, columns=columns, cache_dir=cache_dir, on_error=on_error, split=split,
+                            allow_unsafe_types=allow_unsafe_types, validate_hash=validate_hash)
+    if split is not None or allow_unsafe_types or validate_hash is not None:
+        raise ValueError("split, allow_unsafe_types and validate_hash apply to MDS datasets only (format='mds')")
     if format is not None and format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS} or None, not {format!r}")
     if on_error not in ("raise", "skip"):
