@@ -24,7 +24,8 @@ class ShardInfo:
     """One file of a dataset.
 
     path: absolute path. num_samples: samples (JSONL non-blank lines / Parquet rows).
-    format: "jsonl" or "parquet". size_bytes: file size on disk (compressed size for .gz/.zst).
+    format: "jsonl", "parquet", "mds" (or another registered reader's name). size_bytes: file size on
+    disk (compressed size for .gz/.zst).
     mtime_ns: modification time when opened (to detect a file changed under a running loader; not part
     of the fingerprint, so copies of the data stay valid).
     """
