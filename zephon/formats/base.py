@@ -174,7 +174,7 @@ def _default_name(source, paths: list[str]) -> str:
 def open_dataset(source, *, name: str | None = None, format: str | None = None,
                  columns: Sequence[str] | None = None, cache_dir: str | None = None,
                  on_error: str = "raise", split: str | None = None, allow_unsafe_types: bool = False,
-                 validate_hash: str | None = None) -> Dataset:
+                 validate_hash: str | None = None, split_part: str | None = None, **energon_options) -> Dataset:
     """Open JSONL and/or Parquet files as one Dataset, counting the samples of every file.
 
     source: a directory (all supported files in it, recursively, sorted by relative path; hidden
@@ -193,6 +193,13 @@ def open_dataset(source, *, name: str | None = None, format: str | None = None,
     ``index.json``): one dataset directory per call; ``split``, ``allow_unsafe_types`` and
     ``validate_hash`` apply to it only (see ``mds.open_mds``).
     """
+    from . import energon  # Energon-prepared WebDataset (format="energon" or a root with .nv-meta/): energon.open_energon
+    if format == "energon" or (format is None and energon.is_energon_source(source)):
+        return energon.open_energon(source, name=name, columns=columns, cache_dir=cache_dir, on_error=on_error,
+                                    split_part=split_part or "train", allow_unsafe_types=allow_unsafe_types,
+                                    **energon_options)
+    if split_part is not None or energon_options:
+        raise ValueError(f"split_part and {sorted(energon_options)} apply to Energon datasets only (format='energon')")
     from . import mds  # registration of the MDS reader (imported here: mds builds on this module)
     if format == "mds" or (format is None and mds.is_mds_source(source, split)):
         return mds.open_mds(source, name=name, columns=columns, cache_dir=cache_dir, on_error=on_error, split=split,
