@@ -10,14 +10,12 @@ import hashlib
 import itertools
 import json
 import os
-import sys
 import threading
 from contextlib import contextmanager
 
 import pytest
 
 torch = pytest.importorskip("torch")
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "adapters"))  # an editable install made before adapters/zephon_streaming existed
 
 from torch.utils.data import DataLoader  # noqa: E402
 
