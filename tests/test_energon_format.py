@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import shutil
 import struct
 import tarfile
 
@@ -260,6 +259,23 @@ def test_metadataset_leaves_equal_energon(data):
     assert len(val) == 1 and val[0]["weight"] is None and val[0]["path"] == data["images"]
 
 
+def test_subset_keys_equal_energon_loader(data, tmp_path):
+    """A metadataset leaf subset, applied with with_subset, holds the keys Energon's loader yields for it."""
+    import yaml
+    from megatron.energon import get_loader, get_val_dataset
+
+    p = tmp_path / "sub.yaml"
+    p.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2", "splits": {
+        "val": {"path": data["text"], "split_part": "train", "subset": {"range": ["10%", "70%"]}}}}))
+    (leaf,) = zen.load_metadataset(str(p), "val")
+    ds = open_dataset(leaf["path"], split_part=leaf["split_part"]).with_subset(leaf["subset"])
+    theirs = {s.__key__ for s in get_loader(get_val_dataset(str(p), split_part="val", worker_config=_wc(),
+                                                            batch_size=None))}
+    ours = zephon_samples(ds)
+    assert set(ours) == theirs and ds.subset["bounds"] == (1, 12)  # int(18 * .1), int(18 * .7)
+    assert [m.name for m in ds.metas] == ["text-000.tar", "text-001.tar"]
+
+
 def test_metadataset_blend_epochized(data, tmp_path):
     import yaml
     from megatron.energon.epathlib import EPath
@@ -329,6 +345,11 @@ def test_decode_part_like_webdataset_decoder():
              "npy": b.getvalue(), "json.gz": gzip.compress(b'{"z": 1}'), "bin": b"\x00\x01", "seg.txt": b"seg"}
     for part, raw in cases.items():
         assert same(zwds.decode_part(part, raw), dec.decode(f"k.{part}", raw)), part
+    import torch
+
+    b = io.BytesIO()
+    torch.save({"w": torch.arange(3)}, b)
+    assert same(zwds.decode_part("pth", b.getvalue()), dec.decode("k.pth", b.getvalue()))
     with pytest.raises(zwds.UnsafePartError, match="allow_unsafe_types"):
         zwds.decode_part("pkl", pickle.dumps(1))
     assert zwds.decode_part("pkl", pickle.dumps([1]), allow_unsafe_types=True) == [1]

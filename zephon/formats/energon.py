@@ -56,7 +56,7 @@ import sqlite3
 import string
 import threading
 from itertools import chain, product
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -633,6 +633,7 @@ class EnergonDataset(Dataset):
         self.decode, self.image_decode, self.allow_unsafe_types = decode, image_decode, allow_unsafe_types
         self.part_filter = part_filter  # None | frozenset of part names
         self.n_excluded = n_excluded
+        self.subset = None  # set by with_subset
         fm = energon.get("field_map")
         self._fields = ({k: (v, split_field_access(v)) for k, v in fm.items()} if fm else None)
 
@@ -671,6 +672,7 @@ class EnergonDataset(Dataset):
             "name": self.name, "format": FORMAT, "split_part": self.split_part,
             "part_filter": sorted(self.part_filter) if self.part_filter is not None else None,
             "decode": self.decode, "image_decode": self.image_decode,
+            "subset": list(self.subset["bounds"]) if self.subset else None,
             "shards": [[m.name, m.num_samples, m.raw_count, s.size_bytes, m.global_offset]
                        for m, s in zip(self.metas, self.shards)],
         }
@@ -681,6 +683,37 @@ class EnergonDataset(Dataset):
         if isinstance(r, _BrokenShard):
             raise r.error
         return r.keys[self.metas[shard_id].raw_index(index)]
+
+    def with_subset(self, subset: dict | None) -> "EnergonDataset":
+        """This split restricted to a metadataset leaf's ``subset`` (see ``load_metadataset``), as Energon's
+        sharder applies it: ``subset_bounds(subset, total)`` over the split's restore indices (excluded
+        samples included in ``total``), then excluded samples dropped. Shards left with no samples are
+        dropped (shard ids renumber; ``__restore_key__`` stays Energon's). ``None`` returns ``self``."""
+        if subset is None:
+            return self
+        total = sum(m.raw_count for m in self.metas)
+        start, end = subset_bounds(subset, total)
+        metas, shards = [], []
+        for m, s in zip(self.metas, self.shards):
+            lo, hi = max(start - m.global_offset, 0), min(end - m.global_offset, m.raw_count)
+            if lo >= hi:
+                continue
+            kept = np.arange(m.raw_count, dtype=np.int64) if m.kept is None else m.kept
+            kept = kept[(kept >= lo) & (kept < hi)]
+            if not len(kept):
+                continue
+            nm = _ShardMeta(m.name, m.path, m.raw_count, m.global_offset, m.info_pos,
+                            None if len(kept) == m.raw_count else kept)
+            metas.append(nm)
+            shards.append(ShardInfo(s.path, nm.num_samples, s.format, s.size_bytes, s.mtime_ns))
+        if not metas:
+            raise DataError(f"subset {subset} [{start}, {end}) leaves no samples", path=self.root)
+        ds = EnergonDataset(self.name, shards, metas, root=self.root, split_part=self.split_part, energon=self.energon,
+                            on_error=self.on_error, decode=self.decode, image_decode=self.image_decode,
+                            allow_unsafe_types=self.allow_unsafe_types, part_filter=self.part_filter,
+                            n_excluded=self.n_excluded)
+        ds.subset = {"bounds": (start, end), **subset}
+        return ds
 
     def raw_index(self, shard_id: int, index: int) -> int:
         """Index over the split's tars including excluded samples (Energon's restore index, the space
