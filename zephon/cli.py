@@ -209,8 +209,8 @@ def _pipeline_args(p, demo: bool) -> None:
                    help="weights are token shares: correct sample weights by mean document length and "
                         "reorder documents by token deficit")
     p.add_argument("--field", default="text", help="text field / column")
-    p.add_argument("--format", default=None, choices=["jsonl", "parquet", "mds"],
-                   help="default: by file extension (MDS: a folder with index.json)")
+    p.add_argument("--format", default=None, choices=["jsonl", "parquet", "mds", "energon"],
+                   help="default: by file extension (MDS: a folder with index.json; energon: with .nv-meta)")
     p.add_argument("--eos-token", default="<eos>")
     p.add_argument("--on-error", default="raise", choices=["raise", "skip"],
                    help="bad samples: raise (default) or skip, count and report them")
@@ -235,8 +235,8 @@ def main(argv=None) -> int:
     _pipeline_args(verify, demo=False)
     insp = sub.add_parser("inspect", help="formats, shards, sample counts, columns")
     insp.add_argument("path")
-    insp.add_argument("--format", default=None, choices=["jsonl", "parquet", "mds"],
-                   help="default: by file extension (MDS: a folder with index.json)")
+    insp.add_argument("--format", default=None, choices=["jsonl", "parquet", "mds", "energon"],
+                   help="default: by file extension (MDS: a folder with index.json; energon: with .nv-meta)")
     insp.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.cmd in ("demo", "verify") and not 0 < args.checkpoint_step < args.steps:
