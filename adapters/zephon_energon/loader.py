@@ -1,0 +1,293 @@
+"""``get_savable_loader`` / ``get_loader``: torch DataLoaders over an ``EnergonDataset``.
+
+DataLoader workers each iterate a share of the rank's lanes (``zephon.work.split_lanes``) and send
+``(meta, batch)`` pairs; the consuming process puts them back in the rank's order (step, micro-batch,
+lane) and records each lane's checkpoint entry as its batch is handed to the training loop
+(``zephon.engine.Progress``). ``save_state_rank()`` is therefore exactly what was consumed, independent
+of ``num_workers`` and prefetching, and plain JSON data (``torch.load(..., weights_only=True)`` reads
+it back). States of several ranks merge into one that restores at any world size dividing
+``canonical_replicas``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.utils.data
+from torch.utils.data._utils.collate import default_convert
+
+from zephon.engine import CheckpointError, Progress, merge_states
+
+from .dataset import EnergonDataset, RefusedKeyword
+
+
+def _convert(item):
+    """What Energon's DataLoader (``batch_size=None``) does to each item: ``default_convert`` (numpy
+    arrays become tensors); the bookkeeping ``meta`` passes untouched."""
+    meta, payload = item
+    return meta, default_convert(payload) if payload is not None else None
+
+
+def _worker_init(_worker_id: int) -> None:
+    """In a forked worker: disarm DataLoader iterators inherited from the parent (other live loaders);
+    their ``__del__`` would otherwise signal the parent's workers to stop."""
+    import gc
+
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    for obj in gc.get_objects():
+        if type(obj) is _MultiProcessingDataLoaderIter:
+            obj._shutdown = True
+
+
+class _Reorder:
+    """Lane micro-batches from the workers -> the rank's order. A (step, micro) group is released once
+    every lane that still owes it has delivered (after a ragged restore with another worker count,
+    workers start at different steps). ``position``: lane -> next (step, micro) from the start state."""
+
+    def __init__(self, lanes, position):
+        self.lanes = list(lanes)
+        self.next_pos = dict(position)
+        self.partial: dict[tuple, list] = {}
+        self.done: dict[tuple, dict] = {}
+
+    def add(self, meta, payload) -> list:
+        key, lane = (meta["step"], meta["micro"]), meta["lane"]
+        self.partial.setdefault((key, lane), []).append((meta, payload))
+        if meta["last"]:
+            self.done.setdefault(key, {})[lane] = self.partial.pop((key, lane))
+            self.next_pos[lane] = (key[0], key[1] + 1)
+        return self.release(final=False)
+
+    def release(self, final: bool) -> list:
+        out = []
+        while self.done:
+            key = min(self.done)
+            got = self.done[key]
+            if not final and any(lane not in got and self.next_pos[lane] <= key for lane in self.lanes):
+                break
+            del self.done[key]
+            for lane in self.lanes:
+                out.extend(got.get(lane, ()))
+        return out
+
+
+class _ZephonLoaderBase(torch.utils.data.DataLoader):
+    def __init__(self, dataset, *, prefetch_factor: int = 2, cache_pool=None, **_accepted):
+        if not isinstance(dataset, EnergonDataset):
+            raise TypeError(f"{type(self).__name__} needs a dataset from zephon_energon.get_train_dataset / "
+                            f"get_val_dataset, got {type(dataset).__name__}")
+        if cache_pool is not None:
+            raise RefusedKeyword("cache_pool: auxiliary file stores and cache pools are not supported by zephon_energon")
+        self.worker_config = dataset.worker_config
+        nw = self.worker_config.num_workers
+        kwargs = {}
+        if nw > 0:
+            kwargs.update(prefetch_factor=prefetch_factor, multiprocessing_context="fork", persistent_workers=False,
+                          worker_init_fn=_worker_init)
+        super().__init__(dataset, batch_size=None, shuffle=False, num_workers=nw, collate_fn=_convert,
+                         pin_memory=torch.cuda.is_available(), **kwargs)
+        self._progress = Progress(dataset.loader)
+        self._source = None
+        self.dropped_batches = 0
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def _ordered(self):
+        """The rank's items in order from a fresh DataLoader iteration starting at the consumed state."""
+        L = self.dataset.loader
+        L.restore(self._progress.checkpoint())
+        rps, m = L.rows_per_step, L.batch.micro_batch_size
+        position = {e["lane"]: (e["delivered_rows"] // rps, (e["delivered_rows"] % rps) // m)
+                    for e in self._progress.checkpoint()["lanes"]}
+        re = _Reorder(L.rank_lanes, position)
+        if self.num_workers:
+            import gc
+            gc.collect()  # as Energon: no dead DataLoader iterators in the forked workers (their __del__ would run there)
+        for meta, payload in torch.utils.data.DataLoader.__iter__(self):
+            yield from re.add(meta, payload)
+        yield from re.release(final=True)
+
+    def _take(self, limit=None, restart_finished: bool = False):
+        """Yield up to ``limit`` batches from the live rank stream (started on demand), recording the
+        state of each lane micro-batch as its last batch is handed out."""
+        count, restarted = 0, False
+        while limit is None or count < limit:
+            if self._source is None:
+                self._source = self._ordered()
+            try:
+                meta, payload = next(self._source)
+            except StopIteration:
+                self._source = None
+                if count == 0 and restart_finished and not restarted:  # a finished finite pass: start over
+                    restarted = True
+                    self._fresh()
+                    continue
+                return
+            if meta["last"]:
+                self._progress.observe({"__state__": meta["state"]})
+            if meta["skip"]:
+                continue
+            count += 1
+            yield payload
+
+    def _fresh(self) -> None:
+        self.dataset.loader.restore(_zero(self.dataset))
+        self._progress.reset()
+
+    def close(self) -> None:
+        """Stop this loader's worker processes (the next iteration starts them again)."""
+        self._stop()
+
+    def _stop(self) -> None:
+        if self._source is not None:
+            self._source.close()
+            self._source = None
+
+    def stats(self) -> dict:
+        """Consumed state summary: ``step`` (global steps every lane of the rank completed) and per-lane
+        delivered rows."""
+        st = self._progress.checkpoint()
+        return {"step": st["step"], "delivered_rows": {e["lane"]: e["delivered_rows"] for e in st["lanes"]}}
+
+
+def _zero(dataset) -> dict:
+    L = dataset.loader
+    from zephon.engine import checkpoint as ckpt
+    entries = [{"lane": lane, "sentinel_chunk": 0, "sentinel_offset": 0, "replay_cursor": 0, "delivered_rows": 0}
+               for lane in L.rank_lanes]
+    return ckpt.make_state(L.fingerprint, L.summary, L.canonical_replicas, L.rows_per_step, entries)
+
+
+class SavableDataLoader(_ZephonLoaderBase):
+    """Energon's ``SavableDataLoader`` contract on Zephon lanes.
+
+    Iterating continues where the previous iteration stopped (Energon keeps its worker iterator alive);
+    with ``virtual_epoch_length`` each ``iter()`` yields that many batches. After a finite pass
+    (``repeat=False``) ended, the next ``iter()`` starts the pass again. ``save_state_rank()``: this
+    rank's state (plain JSON data, what was consumed). ``restore_state_rank(state)``: a rank state, a
+    merged state, or a list of rank states (merged here) -- restorable at another world size or worker
+    count as long as every lane of this rank is in it; raises ``CheckpointError`` naming what differs or
+    which lanes are missing. ``save_state_global(global_dst_rank)`` / ``restore_state_global(state,
+    src_rank=None)``: Energon's collectives (a list of rank states on the destination rank)."""
+
+    def __iter__(self):
+        n = self.dataset.virtual_epoch_length or None
+        return self._take(n, restart_finished=self.dataset.loader.source.exhaustion == "stop")
+
+    def save_state_rank(self) -> dict:
+        return self._progress.checkpoint()
+
+    def restore_state_rank(self, state) -> None:
+        if state is None:  # Energon: None is the initial state
+            state = _zero(self.dataset)
+        if isinstance(state, (list, tuple)):
+            state = _merge_list(state)
+        if not isinstance(state, dict):
+            raise CheckpointError(f"not a zephon_energon state: {type(state).__name__} (an Energon pickle state cannot "
+                                  f"be restored; start from a Zephon save_state_rank())")
+        self._stop()
+        self.dataset.loader.restore(state)  # validates now: CheckpointError names what differs / which lanes lack
+        self._progress.reset()
+
+    def save_state_global(self, global_dst_rank: int):
+        state = self.save_state_rank()
+        wc = self.worker_config
+        if wc.world_size > 1 and dist.is_available() and dist.is_initialized():
+            out = [None] * wc.world_size if wc.global_rank() == global_dst_rank else None
+            dist.gather_object(state, out, global_dst_rank, group=wc.data_parallel_group)
+            return out
+        return [state]
+
+    def restore_state_global(self, state, *, src_rank=None) -> None:
+        wc = self.worker_config
+        if src_rank is not None and wc.world_size > 1 and dist.is_available() and dist.is_initialized():
+            group = wc.data_parallel_group
+            g_src = dist.get_global_rank(group, src_rank) if group is not None else src_rank
+            box = [_merge_list(state) if wc.rank == src_rank else None]
+            dist.broadcast_object_list(box, src=g_src, group=group)
+            state = box[0]
+        self.restore_state_rank(state)
+
+    # Energon's deprecated names
+    def save_state(self, dst_rank: int):
+        return self.save_state_global(dst_rank)
+
+    def restore_state(self, state) -> None:
+        self.restore_state_global(state)
+
+    def can_restore_sample(self) -> bool:
+        return False
+
+    def config(self) -> dict:
+        L = self.dataset.loader
+        return {"type": type(self).__qualname__, "num_workers": self.num_workers, "fingerprint": L.fingerprint,
+                "config": L.summary}
+
+
+class BasicDataLoader(_ZephonLoaderBase):
+    """Energon's ``BasicDataLoader`` (no state): every ``iter()`` starts at the beginning; ``limit``
+    (``get_val_dataset``) caps the batches per iteration."""
+
+    def __iter__(self):
+        self._stop()
+        self.dataset.loader.restore(_zero(self.dataset))
+        self._progress.reset()
+        return self._take(self.dataset.limit)
+
+
+def _merge_list(states):
+    if isinstance(states, dict):
+        return states
+    states = [s for s in states if s is not None]
+    if not states:
+        raise CheckpointError("no rank states given")
+    if len(states) == 1:
+        return states[0]
+    lanes = {}
+    for s in states:
+        if not isinstance(s, dict):
+            raise CheckpointError(f"not a zephon_energon rank state: {type(s).__name__}")
+    try:
+        return merge_states(states)
+    except CheckpointError:
+        # A subset of ranks (e.g. the files this rank could read): merge what is there; restore names lacking lanes.
+        from zephon.engine import checkpoint as ckpt
+        first = states[0]
+        for s in states:
+            ckpt.validate(s, first.get("fingerprint"), first.get("config", {}))
+            for e in s["lanes"]:
+                lanes[e["lane"]] = e
+        return ckpt.make_state(first["fingerprint"], first["config"], first["canonical_replicas"],
+                               first["rows_per_lane_step"], list(lanes.values()))
+
+
+def get_savable_loader(dataset, *, worker_config=None, checkpoint_every_sec: float = 60,
+                       checkpoint_every_min_n_samples=None, n_checkpoints=None, gc_collect_every_n_steps: int = 0,
+                       prefetch_factor: int = 2, cache_pool=None, watchdog_timeout_seconds=60,
+                       watchdog_initial_timeout_seconds=None, fail_on_timeout: bool = False) -> SavableDataLoader:
+    """Energon's ``get_savable_loader``. ``checkpoint_every_sec``, ``checkpoint_every_min_n_samples`` and
+    ``n_checkpoints`` tune Energon's internal worker snapshots; Zephon's state is exact per batch and
+    needs none, so they have no effect. ``watchdog_*``/``fail_on_timeout``: accepted, no watchdog.
+    ``gc_collect_every_n_steps``: ``gc.collect()`` in the workers every n lane micro-batches.
+    ``cache_pool`` is refused."""
+    _same_config(dataset, worker_config)
+    dataset.gc_every = gc_collect_every_n_steps
+    return SavableDataLoader(dataset, prefetch_factor=prefetch_factor, cache_pool=cache_pool)
+
+
+def get_loader(dataset, *, worker_config=None, prefetch_factor: int = 2, cache_pool=None,
+               watchdog_timeout_seconds=60, watchdog_initial_timeout_seconds=None,
+               fail_on_timeout: bool = False) -> BasicDataLoader:
+    """Energon's ``get_loader`` (no state; each iteration starts at the beginning)."""
+    _same_config(dataset, worker_config)
+    return BasicDataLoader(dataset, prefetch_factor=prefetch_factor, cache_pool=cache_pool)
+
+
+def _same_config(dataset, worker_config) -> None:
+    if worker_config is None or not isinstance(dataset, EnergonDataset):
+        return
+    a, b = worker_config, dataset.worker_config
+    if (a.rank, a.world_size, a.num_workers) != (b.rank, b.world_size, b.num_workers):
+        raise AssertionError("The worker_config passed to the loader does not match the one of the dataset "
+                             "(as Energon checks)")
