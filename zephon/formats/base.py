@@ -115,19 +115,37 @@ class Dataset:
                             f"bytes, mtime changed); reopen it with open_dataset", path=info.path, shard=shard_id)
 
     def _reader(self, shard_id: int):
+        """The reader of shard ``shard_id``: cached (least recently used dropped past ``MAX_OPEN_READERS``),
+        else built by ``_make_reader``. Two threads missing at once may both build one; the last is kept."""
         with self._lock:
             r = self._readers.get(shard_id)
             if r is not None:
                 self._readers.move_to_end(shard_id)
                 return r
+        r = self._make_reader(shard_id)
+        self._remember(shard_id, r)
+        return r
+
+    def _make_reader(self, shard_id: int):
+        """A new reader of shard ``shard_id`` (subclasses override this to say how theirs are built).
+        Raises DataError when the file cannot be read or changed since the dataset was opened."""
         info = self.shards[shard_id]
         r = _open_reader(info.path, info.format, shard_id, self.columns, self.cache_dir)
         size = os.stat(info.path).st_size
         if r.num_samples != info.num_samples or size != info.size_bytes:
             raise DataError(f"file changed since the dataset was opened (now {r.num_samples} samples, {size} bytes; "
                             f"was {info.num_samples} samples, {info.size_bytes} bytes)", path=info.path, shard=shard_id)
-        self._remember(shard_id, r)
         return r
+
+    def _open_or_broken(self, shard_id: int, open_reader, keys: Sequence[str]):
+        """``open_reader()`` (a new reader of shard ``shard_id``); with ``on_error="skip"`` a DataError
+        raised by it gives a ``BrokenShard`` (``first_keys()`` = ``keys``) instead of propagating."""
+        try:
+            return open_reader()
+        except DataError as e:
+            if self.on_error != "skip":
+                raise
+            return BrokenShard(e, self.shards[shard_id].num_samples, keys)
 
     def _remember(self, shard_id: int, reader) -> None:
         # Evicted readers are dropped, not closed: another thread may still be reading with one;
@@ -147,6 +165,31 @@ class Dataset:
             "columns": list(self.columns) if self.columns is not None else None,
             "shards": [[os.path.basename(s.path), s.num_samples, s.size_bytes] for s in self.shards],
         }
+
+
+class BrokenShard:
+    """Stands in for a shard that cannot be opened when ``on_error="skip"``: every sample reads as
+    ``{"__error__": ...}`` naming the file, shard and sample; with "raise" reading raises ``error``.
+
+    error: the DataError from opening it. num_samples: its sample count from the dataset's index.
+    keys: what ``first_keys()`` reports (for ``inspect``).
+    """
+
+    def __init__(self, error: DataError, num_samples: int, keys: Sequence[str]):
+        self.error, self._n, self._keys = error, num_samples, list(keys)
+
+    @property
+    def num_samples(self) -> int:
+        return self._n
+
+    def first_keys(self) -> list[str]:
+        return list(self._keys)
+
+    def read(self, indices, on_error="raise"):
+        e = self.error
+        if on_error != "skip":
+            raise e
+        return [{"__error__": str(DataError(e.reason, path=e.path, shard=e.shard, sample=int(i)))} for i in indices]
 
 
 def _open_reader(path, fmt, shard_id, columns, cache_dir):

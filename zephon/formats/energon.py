@@ -54,14 +54,14 @@ import os
 import re
 import sqlite3
 import string
-import threading
 from itertools import chain, product
 from typing import Any, Sequence
 
 import numpy as np
 
-from .base import Dataset, ShardInfo
-from .errors import DataError
+from .base import BrokenShard, Dataset, ShardInfo
+from .errors import DataError, per_sample
+from .fileio import PreadFile, coalesce_runs
 from . import wds
 
 FORMAT = "energon"
@@ -445,30 +445,6 @@ def _sqlite_keys(root: str, meta: _ShardMeta) -> list[str] | None:
     return [r[1] for r in rows]
 
 
-class _Pread:
-    def __init__(self, path: str):
-        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-        self.lock = threading.Lock()
-
-    def __call__(self, n: int, at: int) -> bytes:
-        if hasattr(os, "pread"):
-            return os.pread(self.fd, n, at)
-        with self.lock:
-            os.lseek(self.fd, at, os.SEEK_SET)
-            return os.read(self.fd, n)
-
-    def close(self):
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-
 def _list_keys(root: str, meta: _ShardMeta, off: np.ndarray, pread, shard: int | None) -> tuple[list[str], bool]:
     """``(keys by raw sample index, from_sqlite)``: from index.sqlite when it has this shard, else by
     reading each sample's first header through the .tar.idx offsets (random access, no scan)."""
@@ -496,7 +472,7 @@ class _TarShardReader:
         size = os.stat(meta.path).st_size
         self.off = wds.read_tar_index(wds.itar_path(meta.path), size, meta.raw_count, tar_path=meta.path,
                                       shard=shard_id)
-        self.pread = _Pread(meta.path)
+        self.pread = PreadFile(meta.path)
         self.keys, _ = _list_keys(ds.root, meta, self.off, self.pread, shard_id)
         first: dict[str, int] = {}
         self.dups: dict[str, list[int]] = {}
@@ -521,29 +497,26 @@ class _TarShardReader:
         raw_of = {i: meta.raw_index(i) for i in set(indices)}
         wanted = sorted(set(raw_of.values()))
         decoded: dict[int, Any] = {}
-        for a, b in wds.coalesce(wanted, self.off):
+        for a, b in coalesce_runs(wanted, self.off):
             lo, hi = int(self.off[a]), int(self.off[b + 1])
             buf = self.pread(hi - lo, lo)
             for r in range(a, b + 1):  # runs hold wanted ids only
                 s, e = int(self.off[r]) - lo, int(self.off[r + 1]) - lo
                 decoded[r] = (buf[s:e], len(buf) >= e)
-        by_raw: dict[int, Any] = {}
-        out = []
-        for i in indices:
+        by_raw: dict[int, Any] = {}  # a repeated index is parsed and decoded once
+
+        def read_one(i):
             r = raw_of[i]
             if r not in by_raw:
                 by_raw[r] = self._sample(i, r, *decoded[r])
             res = by_raw[r]
             if isinstance(res, DataError):
-                if on_error != "skip":
-                    raise res
-                out.append({"__error__": str(res)})
-                continue
+                raise res
             d = dict(res)
             d["__sample_idx__"] = i
             d["__parts__"] = dict(res["__parts__"])
-            out.append(d)
-        return out
+            return d
+        return per_sample(indices, read_one, on_error)
 
     def _sample(self, i: int, r: int, span: bytes, complete: bool):
         meta = self.meta
@@ -594,26 +567,6 @@ class _TarShardReader:
         self.pread.close()
 
 
-class _BrokenShard:
-    """Stands in for a shard that cannot be opened when ``on_error="skip"``."""
-
-    def __init__(self, error: DataError, n: int):
-        self.error, self._n = error, n
-
-    @property
-    def num_samples(self):
-        return self._n
-
-    def first_keys(self):
-        return ["__key__", "__parts__"]
-
-    def read(self, indices, on_error="raise"):
-        if on_error != "skip":
-            raise self.error
-        e = self.error
-        return [{"__error__": str(DataError(e.reason, path=e.path, shard=e.shard, sample=int(i)))} for i in indices]
-
-
 class EnergonDataset(Dataset):
     """A ``Dataset`` over one split part of an Energon-prepared WebDataset (see the module docstring).
 
@@ -645,25 +598,15 @@ class EnergonDataset(Dataset):
         return (f"EnergonDataset(name={self.name!r}, split_part={self.split_part!r}, shards={len(self.shards)}, "
                 f"num_samples={self.num_samples}, excluded={self.n_excluded}, on_error={self.on_error!r})")
 
-    def _reader(self, shard_id: int):
-        with self._lock:
-            r = self._readers.get(shard_id)
-            if r is not None:
-                self._readers.move_to_end(shard_id)
-                return r
-        try:
-            r = _TarShardReader(self, shard_id)
-        except OSError as e:
-            err = DataError(f"cannot read: {e.strerror or e}", path=self.shards[shard_id].path, shard=shard_id)
-            if self.on_error != "skip":
-                raise err from None
-            r = _BrokenShard(err, self.shards[shard_id].num_samples)
-        except DataError as e:
-            if self.on_error != "skip":
-                raise
-            r = _BrokenShard(e, self.shards[shard_id].num_samples)
-        self._remember(shard_id, r)
-        return r
+    def _make_reader(self, shard_id: int):
+        def open_reader():
+            try:
+                return _TarShardReader(self, shard_id)
+            except OSError as e:
+                raise DataError(f"cannot read: {e.strerror or e}", path=self.shards[shard_id].path,
+                                shard=shard_id) from None
+
+        return self._open_or_broken(shard_id, open_reader, ["__key__", "__parts__"])
 
     def fingerprint(self) -> dict:
         """``{"name", "format": "energon", "split_part", "part_filter", "decode", "image_decode",
@@ -680,7 +623,7 @@ class EnergonDataset(Dataset):
     def sample_key(self, shard_id: int, index: int) -> str:
         """Key of sample ``index`` of shard ``shard_id`` without reading its data."""
         r = self._reader(shard_id)
-        if isinstance(r, _BrokenShard):
+        if isinstance(r, BrokenShard):
             raise r.error
         return r.keys[self.metas[shard_id].raw_index(index)]
 
@@ -812,7 +755,7 @@ def open_energon(source, *, split_part: str = "train", name: str | None = None, 
         wanted = {e[len(n) + 1:] for e in sample_excl if e.startswith(n + "/")}
         if wanted and meta.raw_count:
             off = wds.read_tar_index(wds.itar_path(path), st.st_size, meta.raw_count, tar_path=path, shard=len(metas))
-            pread = _Pread(path)
+            pread = PreadFile(path)
             try:
                 keys, _ = _list_keys(root, meta, off, pread, len(metas))
             finally:

@@ -48,6 +48,20 @@ class DataError(ValueError):
                          line=self.line if self.line is not None else line)
 
 
+def per_sample(indices, read_one, on_error: str) -> list:
+    """``[read_one(int(i)) for i in indices]``, except that a DataError from one sample becomes
+    ``{"__error__": str(error)}`` in its place when on_error="skip" (with "raise" it propagates)."""
+    out = []
+    for i in indices:
+        try:
+            out.append(read_one(int(i)))
+        except DataError as e:
+            if on_error != "skip":
+                raise
+            out.append({"__error__": str(e)})
+    return out
+
+
 def _rebuild(reason, path, shard, sample, line):
     return DataError(reason, path=path, shard=shard, sample=sample, line=line)
 

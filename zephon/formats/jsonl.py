@@ -14,18 +14,17 @@ memory once (see ``compression.py``) and sliced.
 from __future__ import annotations
 
 import json
-import os
 import threading
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from .compression import codec_of, iter_blocks, load_decompressed
-from .errors import DataError
+from .errors import DataError, per_sample
+from .fileio import PreadFile, coalesce_runs
 from .index_cache import load_or_build
 
 INDEX_KIND = "jsonl-line-offsets"
-_MAX_SPAN = 16 << 20  # coalesce neighbouring samples into one read up to this many bytes
 _JSON_TYPE_NAMES = {list: "an array", str: "a string", int: "a number", float: "a number",
                     bool: "a boolean", type(None): "null"}
 
@@ -86,9 +85,9 @@ class JsonlReader:
         self.shard = shard
         self.columns = tuple(columns) if columns is not None else None
         self.compressed = codec_of(path) is not None
-        self._fd: int | None = None
+        self._file = PreadFile(path, lazy=True)  # plain files only; opened on the first read
         self._line_numbers: np.ndarray | None = None  # built on the first error
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _line_numbers
         try:
             self.offsets = load_or_build(path, INDEX_KIND, lambda: build_line_index(iter_blocks(path)),
                                          cache_dir)
@@ -107,16 +106,7 @@ class JsonlReader:
         """
         wanted = sorted(set(int(i) for i in indices))
         raw = self._raw(wanted) if wanted else {}
-        out = []
-        for i in indices:
-            i = int(i)
-            try:
-                out.append(self._parse(i, raw[i]))
-            except DataError as e:
-                if on_error != "skip":
-                    raise
-                out.append({"__error__": str(e)})
-        return out
+        return per_sample(indices, lambda i: self._parse(i, raw[i]), on_error)
 
     def first_keys(self) -> list[str]:
         """Keys of the first record (unprojected), for ``inspect``; [] for an empty shard."""
@@ -133,26 +123,15 @@ class JsonlReader:
                 raise DataError("file changed since it was indexed", path=self.path, shard=self.shard)
             return {i: data[off[i]:off[i + 1]] for i in wanted}
         raw = {}
-        for a, b in _runs(wanted, off):
+        for a, b in coalesce_runs(wanted, off):
             lo, hi = int(off[a]), int(off[b + 1])
-            buf = self._pread(hi - lo, lo)
+            buf = self._file(hi - lo, lo)
             if len(buf) != hi - lo:
                 raise DataError("file is shorter than its index (changed since it was indexed?)",
                                 path=self.path, shard=self.shard, sample=a)
             for i in range(a, b + 1):
                 raw[i] = buf[int(off[i]) - lo:int(off[i + 1]) - lo]
         return raw
-
-    def _pread(self, n: int, at: int) -> bytes:
-        if self._fd is None:
-            with self._lock:
-                if self._fd is None:
-                    self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-        if hasattr(os, "pread"):
-            return os.pread(self._fd, n, at)
-        with self._lock:  # no pread (Windows): serialise seek + read
-            os.lseek(self._fd, at, os.SEEK_SET)
-            return os.read(self._fd, n)
 
     def _parse(self, i: int, raw: bytes, project: bool = True) -> dict:
         try:
@@ -195,25 +174,4 @@ class JsonlReader:
 
     def close(self) -> None:
         """Release the file descriptor (the reader reopens it if used again)."""
-        with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-
-def _runs(wanted: list[int], off: np.ndarray):
-    """Split sorted unique sample ids into runs of consecutive ids spanning at most _MAX_SPAN bytes."""
-    a = prev = wanted[0]
-    for i in wanted[1:]:
-        if i == prev + 1 and off[i + 1] - off[a] <= _MAX_SPAN:
-            prev = i
-            continue
-        yield a, prev
-        a = prev = i
-    yield a, prev
+        self._file.close()

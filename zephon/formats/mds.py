@@ -86,12 +86,12 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .base import Dataset, ShardInfo
-from .errors import DataError
+from .errors import DataError, per_sample
+from .fileio import PreadFile, coalesce_runs
 from .index_cache import default_cache_dir
 
 INDEX_BASENAME = "index.json"
 FORMAT = "mds"
-_MAX_SPAN = 16 << 20       # coalesce neighbouring samples into one read up to this many bytes
 _HASH_BLOCK = 4 << 20      # bytes read per step when hashing or decompressing a file
 
 # Compression families MDSWriter offers and the levels it accepts after "name:".
@@ -403,34 +403,31 @@ def _image_file(data):
     return img
 
 
+def _sized_items(data, at: int, noun: str) -> list:
+    """Split ``data`` holding, from byte ``at``: a u32 count n, n u32 sizes, then the n items back to back
+    filling the rest. Raises _Bad (naming the items as ``noun``) when the sizes do not fill it exactly."""
+    n = int(_u32(data, at)[0])
+    sizes = _u32(data, at + 4, n).astype(np.int64)
+    at += 4 + 4 * n
+    if at + int(sizes.sum()) != len(data):
+        raise _Bad(f"{n} {noun} of {int(sizes.sum())} bytes do not fill the {len(data) - at} bytes after the header")
+    items = []
+    for size in sizes.tolist():
+        items.append(data[at:at + size])
+        at += size
+    return items
+
+
 def _image_list(element: Callable) -> Callable:
     def decode(data):
-        n = int(_u32(data, 4)[0])
-        sizes = _u32(data, 8, n).astype(np.int64)
-        at = 8 + 4 * n
-        if at + int(sizes.sum()) != len(data):
-            raise _Bad(f"{n} elements of {int(sizes.sum())} bytes do not fill the {len(data) - at} bytes after the header")
-        out = []
-        for size in sizes.tolist():
-            out.append(element(data[at:at + size]))
-            at += size
-        return out
+        return [element(item) for item in _sized_items(data, 4, "elements")]
     return decode
 
 
 def _jpeg_array(data):
-    n = int(_u32(data, 0)[0])
-    if n == 0:
+    if int(_u32(data, 0)[0]) == 0:
         raise _Bad("jpeg_array with 0 images (streaming refuses to decode it too)")
-    sizes = _u32(data, 4, n).astype(np.int64)
-    at = 4 + 4 * n
-    if at + int(sizes.sum()) != len(data):
-        raise _Bad(f"{n} images of {int(sizes.sum())} bytes do not fill the {len(data) - at} bytes after the header")
-    out = []
-    for size in sizes.tolist():
-        out.append(_image_file(data[at:at + size]))
-        at += size
-    return out
+    return [_image_file(item) for item in _sized_items(data, 0, "images")]
 
 
 def _pickle(data):
@@ -696,9 +693,8 @@ class MdsReader:
         self.path = path
         self.shard = shard
         self.columns = tuple(columns) if columns is not None else None
-        self._fd: int | None = None
+        self._file: PreadFile | None = None
         self._mem: bytes | None = None
-        self._lock = threading.Lock()
         compressed = meta.zip is not None and path == meta.zip_path
         if validate_hash:
             entry = meta.zip if compressed else meta.raw
@@ -714,8 +710,8 @@ class MdsReader:
                 elif _digest_bytes(self._mem, validate_hash) != meta.raw.hashes[validate_hash].lower():
                     raise DataError(f"{validate_hash} checksum mismatch after decompression", path=path, shard=shard)
         if self._mem is None:
-            self._fd = os.open(self.read_path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-            self.file_size = os.fstat(self._fd).st_size
+            self._file = PreadFile(self.read_path)
+            self.file_size = self._file.size()
         else:
             self.file_size = len(self._mem)
         self._read_header()
@@ -766,18 +762,12 @@ class MdsReader:
         """
         wanted = sorted(set(int(i) for i in indices))
         raw, bad = self._raw(wanted)
-        out = []
-        for i in indices:
-            i = int(i)
-            try:
-                if i in bad:
-                    raise bad[i]
-                out.append(self.decode(i, raw[i]))
-            except DataError as e:
-                if on_error != "skip":
-                    raise
-                out.append({"__error__": str(e)})
-        return out
+
+        def read_one(i):
+            if i in bad:
+                raise bad[i]
+            return self.decode(i, raw[i])
+        return per_sample(indices, read_one, on_error)
 
     def _raw(self, wanted: list[int]) -> tuple[dict, dict]:
         off, ok = self.offsets, self._ok
@@ -793,7 +783,7 @@ class MdsReader:
                                    f"shard whose header ends at {self.header_end}"
                                    + (" (truncated shard?)" if b > self.file_size else ""),
                                    path=self.path, shard=self.shard, sample=i)
-        for a, b in _runs(good, off):
+        for a, b in coalesce_runs(good, off):
             lo, hi = int(off[a]), int(off[b + 1])
             buf = self._pread(hi - lo, lo)
             if len(buf) != hi - lo:
@@ -838,65 +828,18 @@ class MdsReader:
     def _pread(self, n: int, at: int) -> bytes:
         if self._mem is not None:
             return self._mem[at:at + n]
-        if hasattr(os, "pread"):
-            return os.pread(self._fd, n, at)
-        with self._lock:  # no pread (Windows): serialise seek + read
-            os.lseek(self._fd, at, os.SEEK_SET)
-            return os.read(self._fd, n)
+        return self._file(n, at)
 
     def close(self) -> None:
         """Release the file descriptor."""
-        with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
+        if self._file is not None:
+            self._file.close()
 
 
 def _digest_bytes(data: bytes, algo: str) -> str:
     h = _hasher(algo)
     h.update(data)
     return h.hexdigest()
-
-
-def _runs(wanted: list[int], off: np.ndarray):
-    """Split sorted unique sample ids into runs of consecutive ids spanning at most _MAX_SPAN bytes."""
-    if not wanted:
-        return
-    a = prev = wanted[0]
-    for i in wanted[1:]:
-        if i == prev + 1 and off[i + 1] - off[a] <= _MAX_SPAN:
-            prev = i
-            continue
-        yield a, prev
-        a = prev = i
-    yield a, prev
-
-
-class _BrokenShard:
-    """Stands in for a shard that cannot be opened when ``on_error="skip"``: every sample reads as
-    ``{"__error__": ...}`` naming the file, shard and sample."""
-
-    def __init__(self, error: DataError, meta: ShardMeta, columns):
-        self.error, self.meta, self.columns = error, meta, columns
-
-    @property
-    def num_samples(self) -> int:
-        return self.meta.samples
-
-    def first_keys(self) -> list[str]:
-        return list(self.columns if self.columns is not None else self.meta.column_names)
-
-    def read(self, indices, on_error="raise"):
-        e = self.error
-        if on_error != "skip":
-            raise e
-        return [{"__error__": str(DataError(e.reason, path=e.path, shard=e.shard, sample=int(i)))} for i in indices]
 
 
 # ------------------------------------------------------------------------------------------ dataset
@@ -925,27 +868,18 @@ class MdsDataset(Dataset):
         return (f"MdsDataset(name={self.name!r}, shards={len(self.shards)}, num_samples={self.num_samples}, "
                 f"columns={self.columns!r}, split={self.split!r}, on_error={self.on_error!r})")
 
-    def _reader(self, shard_id: int):
-        with self._lock:
-            r = self._readers.get(shard_id)
-            if r is not None:
-                self._readers.move_to_end(shard_id)
-                return r
+    def _make_reader(self, shard_id: int):
         info, meta = self.shards[shard_id], self.metas[shard_id]
-        try:
-            r = MdsReader(meta, info.path, shard=shard_id, columns=self.columns, cache_dir=self.cache_dir,
-                          validate_hash=self.validate_hash)
-        except OSError as e:
-            err = DataError(f"cannot read file: {e.strerror or e}", path=info.path, shard=shard_id)
-            if self.on_error != "skip":
-                raise err from e
-            r = _BrokenShard(err, meta, self.columns)
-        except DataError as e:
-            if self.on_error != "skip":
-                raise
-            r = _BrokenShard(e, meta, self.columns)
-        self._remember(shard_id, r)
-        return r
+
+        def open_reader():
+            try:
+                return MdsReader(meta, info.path, shard=shard_id, columns=self.columns, cache_dir=self.cache_dir,
+                                 validate_hash=self.validate_hash)
+            except OSError as e:
+                raise DataError(f"cannot read file: {e.strerror or e}", path=info.path, shard=shard_id) from e
+
+        return self._open_or_broken(shard_id, open_reader,
+                                    self.columns if self.columns is not None else meta.column_names)
 
     def fingerprint(self) -> dict:
         """``{"name", "columns", "format": "mds", "shards": [[raw basename, samples, raw bytes,

@@ -59,7 +59,6 @@ IMAGE_SPECS = {
     "pilrgb": ("pil", None, "rgb"), "pilrgba": ("pil", None, "rgba"),
 }
 DEFAULT_IMAGE_DECODE = "torchrgb"  # Energon SampleDecoder default
-_MAX_SPAN = 16 << 20   # coalesce neighbouring samples into one read up to this many bytes
 _HEAD_READ = 8192      # bytes read to find a sample's key (more when its headers are longer)
 
 
@@ -341,17 +340,3 @@ def decode_part(part: str, data: bytes, *, image_decode: str | None = DEFAULT_IM
     if fn is not None:
         return fn(data, allow_unsafe_types)
     return data
-
-
-def coalesce(raw_sorted: list[int], off: np.ndarray):
-    """Split sorted unique sample ids into runs of consecutive ids spanning at most 16 MiB."""
-    if not raw_sorted:
-        return
-    a = prev = raw_sorted[0]
-    for i in raw_sorted[1:]:
-        if i == prev + 1 and off[i + 1] - off[a] <= _MAX_SPAN:
-            prev = i
-            continue
-        yield a, prev
-        a = prev = i
-    yield a, prev
