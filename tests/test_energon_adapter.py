@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import os
-import sys
 import time
 from collections import Counter
 
@@ -18,7 +17,6 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.energon")
 wds = pytest.importorskip("webdataset")
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "adapters"))  # editable install predates the adapter
 
 from megatron import energon as me  # noqa: E402
 from megatron.energon.epathlib import EPath  # noqa: E402

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.utils.data
 from torch.utils.data._utils.collate import default_convert
 
-from zephon.engine import CheckpointError, Progress, merge_states
+from zephon.engine import CheckpointError, Progress, StepAssembly, merge_states
 
 from .dataset import EnergonDataset, RefusedKeyword
 
@@ -37,38 +37,6 @@ def _worker_init(_worker_id: int) -> None:
     for obj in gc.get_objects():
         if type(obj) is _MultiProcessingDataLoaderIter:
             obj._shutdown = True
-
-
-class _Reorder:
-    """Lane micro-batches from the workers -> the rank's order. A (step, micro) group is released once
-    every lane that still owes it has delivered (after a ragged restore with another worker count,
-    workers start at different steps). ``position``: lane -> next (step, micro) from the start state."""
-
-    def __init__(self, lanes, position):
-        self.lanes = list(lanes)
-        self.next_pos = dict(position)
-        self.partial: dict[tuple, list] = {}
-        self.done: dict[tuple, dict] = {}
-
-    def add(self, meta, payload) -> list:
-        key, lane = (meta["step"], meta["micro"]), meta["lane"]
-        self.partial.setdefault((key, lane), []).append((meta, payload))
-        if meta["last"]:
-            self.done.setdefault(key, {})[lane] = self.partial.pop((key, lane))
-            self.next_pos[lane] = (key[0], key[1] + 1)
-        return self.release(final=False)
-
-    def release(self, final: bool) -> list:
-        out = []
-        while self.done:
-            key = min(self.done)
-            got = self.done[key]
-            if not final and any(lane not in got and self.next_pos[lane] <= key for lane in self.lanes):
-                break
-            del self.done[key]
-            for lane in self.lanes:
-                out.extend(got.get(lane, ()))
-        return out
 
 
 class _ZephonLoaderBase(torch.utils.data.DataLoader):
@@ -97,16 +65,16 @@ class _ZephonLoaderBase(torch.utils.data.DataLoader):
         """The rank's items in order from a fresh DataLoader iteration starting at the consumed state."""
         L = self.dataset.loader
         L.restore(self._progress.checkpoint())
-        rps, m = L.rows_per_step, L.batch.micro_batch_size
-        position = {e["lane"]: (e["delivered_rows"] // rps, (e["delivered_rows"] % rps) // m)
-                    for e in self._progress.checkpoint()["lanes"]}
-        re = _Reorder(L.rank_lanes, position)
+        asm = StepAssembly(L.rank_lanes, self._progress.checkpoint()["lanes"], L.rows_per_step,
+                           L.batch.micro_batch_size)
         if self.num_workers:
             import gc
             gc.collect()  # as Energon: no dead DataLoader iterators in the forked workers (their __del__ would run there)
         for meta, payload in torch.utils.data.DataLoader.__iter__(self):
-            yield from re.add(meta, payload)
-        yield from re.release(final=True)
+            for group in asm.add(meta["step"], meta["micro"], meta["lane"], (meta, payload), last=meta["last"]):
+                yield from group
+        for group in asm.finish():
+            yield from group
 
     def _take(self, limit=None, restart_finished: bool = False):
         """Yield up to ``limit`` batches from the live rank stream (started on demand), recording the

@@ -14,7 +14,7 @@ import torch
 import torch.utils.data
 from torchdata.stateful_dataloader import StatefulDataLoader as _TorchdataStatefulDataLoader
 
-from zephon.engine import Progress
+from zephon.engine import Progress, StepAssembly
 
 from .dataset import ZephonIterableDataset
 
@@ -50,43 +50,6 @@ def _rows(mb: dict) -> int:
     raise ValueError("micro-batch without a per-row tensor")
 
 
-class _StepAssembly:
-    """Turns the workers' interleaved lane micro-batches into the rank's local micro-batches.
-
-    The rank's order is (step, micro-batch index, lane). Items may arrive out of that order (after a
-    mid-step checkpoint restored with another worker count, workers start at different points); they
-    are buffered until every lane that still owes a micro-batch to the earliest open (step, micro)
-    has delivered it. ``lanes``: the rank's lanes; ``position``: lane -> the (step, micro) it delivers
-    next, from the starting checkpoint."""
-
-    def __init__(self, lanes, position):
-        self.lanes = list(lanes)
-        self.next_pos = dict(position)
-        self.pending: dict[tuple, dict] = {}
-
-    def add(self, mb: dict) -> list[list[dict]]:
-        key = (mb["__step__"], mb["__micro__"])
-        lane = mb["__lane__"]
-        self.pending.setdefault(key, {})[lane] = mb
-        self.next_pos[lane] = (key[0], key[1] + 1)  # at least: the next item of this lane is later
-        return self._ready(final=False)
-
-    def finish(self) -> list[list[dict]]:
-        return self._ready(final=True)
-
-    def _ready(self, final: bool) -> list[list[dict]]:
-        out = []
-        while self.pending:
-            key = min(self.pending)
-            got = self.pending[key]
-            owed = [lane for lane in self.lanes if lane not in got and self.next_pos[lane] <= key]
-            if owed and not final:
-                break
-            del self.pending[key]
-            out.append([got[lane] for lane in self.lanes if lane in got])
-        return out
-
-
 class _RankStateMixin:
     """State handling shared by both DataLoader flavours (see the module docstring)."""
 
@@ -107,14 +70,13 @@ class _RankStateMixin:
 
     def _assembled(self, items):
         loader = self.dataset.loader
-        rps, m = loader.rows_per_step, loader.batch.micro_batch_size
-        position = {e["lane"]: (e["delivered_rows"] // rps, (e["delivered_rows"] % rps) // m)
-                    for e in self._progress.checkpoint()["lanes"]}
-        asm = _StepAssembly(loader.rank_lanes, position)
+        rps = loader.rows_per_step
+        asm = StepAssembly(loader.rank_lanes, self._progress.checkpoint()["lanes"], rps,
+                           loader.batch.micro_batch_size)
 
         def groups():
             for mb in items:
-                yield from asm.add(mb)
+                yield from asm.add(mb["__step__"], mb["__micro__"], mb["__lane__"], mb)
             yield from asm.finish()
 
         if loader.source.exhaustion == "stop" and loader.batch.drop_last:

@@ -1,0 +1,53 @@
+"""Putting lane micro-batches from several producers back into the rank's order.
+
+Host loaders run the pipeline in worker processes, each over a share of the rank's lanes. Their items
+arrive interleaved by the host (torch's DataLoader takes one from each worker in turn), and after a
+mid-step checkpoint restored with another worker count, workers start at different points. The rank's
+order is (step, micro-batch index, lane): a group is released once every lane that still owes an item
+to the earliest open (step, micro) has delivered it.
+"""
+from __future__ import annotations
+
+
+class StepAssembly:
+    """Reorder a rank's lane items into (step, micro-batch, lane) order.
+
+    Args:
+        lanes: the rank's lanes, in the order a group lists them.
+        entries: the rank's checkpoint lane entries at the start (``Progress.checkpoint()["lanes"]``);
+            they say which (step, micro) each lane delivers next.
+        rows_per_step, micro_batch_size: the loader's (rows per lane per step; rows per micro-batch).
+    ``add(step, micro, lane, item, last=True)`` files one item (several items may make up one lane's part
+    of a group: ``last`` marks its final one) and returns the groups now complete, each a list of items
+    in lane order; ``finish()`` returns what is left at the end of the stream (groups some lane never
+    completed, e.g. a finite stream's end), in order."""
+
+    def __init__(self, lanes, entries, rows_per_step: int, micro_batch_size: int):
+        self.lanes = list(lanes)
+        rps, m = rows_per_step, micro_batch_size
+        self.next_pos = {e["lane"]: (e["delivered_rows"] // rps, (e["delivered_rows"] % rps) // m) for e in entries}
+        self.open: dict[tuple, list] = {}
+        self.done: dict[tuple, dict] = {}
+
+    def add(self, step: int, micro: int, lane: int, item, last: bool = True) -> list[list]:
+        key = (step, micro)
+        self.open.setdefault((key, lane), []).append(item)
+        if last:
+            self.done.setdefault(key, {})[lane] = self.open.pop((key, lane))
+            # This lane's next item is later than (step, micro); (step, rows/m) sorts before (step + 1, 0).
+            self.next_pos[lane] = (step, micro + 1)
+        return self._release(final=False)
+
+    def finish(self) -> list[list]:
+        return self._release(final=True)
+
+    def _release(self, final: bool) -> list[list]:
+        out = []
+        while self.done:
+            key = min(self.done)
+            got = self.done[key]
+            if not final and any(lane not in got and self.next_pos[lane] <= key for lane in self.lanes):
+                break
+            del self.done[key]
+            out.append([item for lane in self.lanes for item in got.get(lane, ())])
+        return out
