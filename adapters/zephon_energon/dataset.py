@@ -83,10 +83,7 @@ def _open_sources(path, split_part, kwargs):
         open_kwargs = {"format": "energon", "split_part": e.get("split_part") or split_part, "decode": False}
         if e.get("subset"):
             open_kwargs["subset"] = e["subset"]
-        ds = open_dataset(e["path"], **open_kwargs)
-        if getattr(ds, "_fields", None) is not None:
-            # The reader would apply field_map to the raw (undecoded) parts; SampleFactory applies it after decoding.
-            ds._fields = None
+        ds = open_dataset(e["path"], **open_kwargs)  # no __fields__ without decoding: SampleFactory maps them
         out.append((ds, e))
     return out
 

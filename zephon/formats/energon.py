@@ -38,7 +38,7 @@ minus the excluded keys. ``read(shard, indices)`` gives per sample::
      "__shard__": "data-001.tar",                 # shard name as in .info.json (relative to the root)
      "__shard_idx__": 1, "__sample_idx__": 2,     # the (shard, index) that was read
      "__parts__": {"txt": "a caption", "png": tensor(3, H, W)},   # decoded parts (part filter applied)
-     "__fields__": {"caption": ..., "image": ...}}                # only with a field_map: mapped fields
+     "__fields__": {"caption": ..., "image": ...}}                # with a field_map and decode=True: mapped fields
 
 Bad input raises DataError naming the file, shard, sample and key: no ``.nv-meta`` (suggests
 ``energon prepare``), a bad info/split/dataset YAML, an unknown split part or shard, a tar without its
@@ -588,7 +588,8 @@ class EnergonDataset(Dataset):
         self.n_excluded = n_excluded
         self.subset = None  # set by with_subset
         fm = energon.get("field_map")
-        self._fields = ({k: (v, split_field_access(v)) for k, v in fm.items()} if fm else None)
+        # field_map paths such as json[caption] need decoded parts: with decode=False the caller maps them.
+        self._fields = ({k: (v, split_field_access(v)) for k, v in fm.items()} if fm and decode else None)
 
     @property
     def _part_filter(self):
