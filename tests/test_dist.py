@@ -140,6 +140,18 @@ def _torch_child(rank, world, store_file, paths, out_dir):
                     res["hung"] = None
                 except AggregationError as e:
                     res["hung"] = {"message": str(e), "missing": e.missing_ranks, "elapsed": time.monotonic() - t0}
+        if world == 4:  # a live rank that never builds its aggregator (as at a job's first checkpoint)
+            ok.gather(rank, res["state2"])
+            t0 = time.monotonic()
+            if rank == TORCH_HUNG:
+                time.sleep(FAULT_TIMEOUT + 1)
+            else:
+                try:
+                    TorchDistAggregator(timeout=FAULT_TIMEOUT, run_id="torch-absent")
+                    res["absent"] = None
+                except AggregationError as e:
+                    res["absent"] = {"message": str(e), "missing": e.missing_ranks,
+                                     "elapsed": time.monotonic() - t0}
         if world > 1:  # (a) a rank exits instead of joining
             ok.gather(rank, res["state2"])  # lines the ranks up right before the fault round
             if rank == TORCH_VICTIM[world]:
@@ -230,6 +242,16 @@ def test_torch_rank_that_hangs_is_named_by_the_others_after_the_timeout(torch_ru
         assert f["missing"] == [TORCH_HUNG] and f"ranks [{TORCH_HUNG}]" in f["message"]
         assert "torch-hung" in f["message"]
         assert FAULT_TIMEOUT * 0.9 <= f["elapsed"] <= FAULT_TIMEOUT + SLACK  # waited the timeout, no longer
+
+
+def test_torch_rank_absent_when_the_aggregator_is_built_is_named(torch_run):
+    survivors = [x for r, x in enumerate(torch_run(4)) if r != TORCH_HUNG]
+    for x in survivors:
+        f = x["absent"]
+        assert f is not None, "building the aggregator without one rank did not fail"
+        assert f["missing"] == [TORCH_HUNG] and f"ranks [{TORCH_HUNG}]" in f["message"]
+        assert "torch-absent" in f["message"]
+        assert f["elapsed"] <= FAULT_TIMEOUT + SLACK
 
 
 # ---------------------------------------------------------------------------------------------------

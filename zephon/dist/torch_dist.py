@@ -41,6 +41,8 @@ class TorchDistAggregator(Aggregator):
     bad timeout.
     """
 
+    _constructions = 0  # per process; every rank constructs in the same order (a collective call)
+
     def __init__(self, group=None, timeout: float = 300.0, *, run_id: str | None = None):
         import torch.distributed as dist
 
@@ -54,17 +56,30 @@ class TorchDistAggregator(Aggregator):
         self._dist = dist
         self._global_ranks = (list(range(dist.get_world_size())) if group is None
                               else list(dist.get_process_group_ranks(group)))
-        self._pg = dist.new_group(ranks=None if group is None else self._global_ranks, backend="gloo",
-                                  timeout=timedelta(seconds=self.timeout),
-                                  use_local_synchronization=group is not None)
-        self.rank = dist.get_rank(self._pg)
-        self.world_size = dist.get_world_size(self._pg)
-        self._round = 0
         try:  # presence keys in the job's store tell survivors who never arrived (private API: optional)
             from torch.distributed.distributed_c10d import _get_default_store
             self._store = _get_default_store()
         except Exception:  # noqa: BLE001 - no store, missing ranks are then only what rank 0 reports
             self._store = None
+        # Building the side group is itself a rendezvous (usually at the job's first checkpoint): a rank
+        # that never comes must be named here too, not left to a store timeout listing internal keys.
+        TorchDistAggregator._constructions += 1
+        self._round = 0
+        self.rank, self.world_size = self._global_ranks.index(dist.get_rank()), len(self._global_ranks)
+        key = f"{_KEY_PREFIX}/init/{TorchDistAggregator._constructions}/"
+        start = time.monotonic()
+        self._store_call("set", key + str(self.rank), "1")
+        try:
+            self._pg = dist.new_group(ranks=None if group is None else self._global_ranks, backend="gloo",
+                                      timeout=timedelta(seconds=self.timeout),
+                                      use_local_synchronization=group is not None)
+        except Exception as e:  # noqa: BLE001 - DistStoreError / RuntimeError variants
+            missing = self._missing(str(e), key, start)
+            raise self._error("did not join the checkpoint aggregation (building its gloo group)", missing,
+                              e) from e
+        self.rank = dist.get_rank(self._pg)
+        self.world_size = dist.get_world_size(self._pg)
+        self._round = 0
         self._prefix = f"{_KEY_PREFIX}/{getattr(self._pg, 'group_name', 'g')}"
 
     def gather(self, rank: int, state: dict) -> dict:
