@@ -217,3 +217,26 @@ def test_file_changed_under_a_running_loader_is_reported(tmp_path, texts, tokeni
         fh.write(json.dumps({"text": "appended later"}) + "\n")
     with pytest.raises(DataError, match="a.jsonl \\(shard 0\\): file changed since the dataset was opened"):
         _drain(L)
+
+
+def test_finite_pass_with_lanes_that_get_no_sample_is_refused(corpus, tokenizer_path):
+    """900 samples (3 shards x 300) in chunks of 256 over 8 lanes: 3 x 256 + 132, so lanes 4-7 would get
+    nothing and no step could complete."""
+    from helpers import make_loader
+
+    with pytest.raises(ValueError, match=r"4 of 8 lanes get no sample.*chunk_size <= \d+"):
+        make_loader([corpus["docs_jsonl"]], tokenizer_path, exhaustion="stop", chunk_size=256,
+                    flush_every_k_chunks=1)
+
+
+def test_finite_pass_with_unbalanced_lanes_warns_about_the_share_dropped(corpus, tokenizer_path, caplog):
+    from helpers import make_loader
+
+    with caplog.at_level("WARNING", logger="zephon"):
+        make_loader([corpus["docs_jsonl"]], tokenizer_path, exhaustion="stop", chunk_size=100,
+                    flush_every_k_chunks=1)
+    assert any("will be dropped" in r.getMessage() and "chunk_size <=" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="zephon"):
+        make_loader([corpus["docs_jsonl"]], tokenizer_path, exhaustion="stop", chunk_size=8)
+    assert not any("will be dropped" in r.getMessage() for r in caplog.records)

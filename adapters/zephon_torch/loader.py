@@ -64,9 +64,10 @@ class _RankStateMixin:
             raise ValueError("persistent_workers=True would carry rows prefetched but never consumed into the next "
                              "iteration; Zephon restarts workers from the consumed state instead")
         kwargs["batch_size"] = None
+        dataset.report_drops = True
         self._progress = Progress(dataset.loader)
         self._agree_group = None
-        self.dropped_rows = 0  # a finite stream's last steps that not every rank could complete
+        self.dropped_rows = 0  # a finite stream's rows after the last step every lane and rank completed
 
     def _assembled(self, items):
         loader = self.dataset.loader
@@ -76,6 +77,9 @@ class _RankStateMixin:
 
         def groups():
             for mb in items:
+                if "__dropped_rows__" in mb:  # a worker's lanes ended inside a step (drop_last)
+                    self.dropped_rows += mb["__dropped_rows__"]
+                    continue
                 yield from asm.add(mb["__step__"], mb["__micro__"], mb["__lane__"], mb)
             yield from asm.finish()
 
@@ -112,8 +116,9 @@ class _RankStateMixin:
                 flag = torch.tensor([1 if complete else 0], dtype=torch.int32)
                 dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._agree_group)
                 complete = bool(flag.item())
-            if not complete:
-                self.dropped_rows += sum(_rows(mb) for g in buffered for mb in g)
+            if not complete:  # count what is left of the pass (at most about a chunk per lane)
+                rest = itertools.chain(buffered, [group], it)  # `it` ends with the None sentinel
+                self.dropped_rows += sum(_rows(mb) for g in rest if g is not None for mb in g)
                 return
             for g in buffered:
                 yield self._emit(g)

@@ -40,6 +40,28 @@ def _check_ops(ops, num_datasets: int) -> None:
             raise ValueError(f"EnsureMixture has {len(op.weights)} weights for {num_datasets} datasets")
 
 
+def _check_finite_lanes(source) -> None:
+    """A finite pass hands each lane whole chunks. With too few samples for ``chunk_size`` some lanes get
+    none (no step can ever complete: everything would be dropped) or far fewer than others (a large
+    share dropped at the end). Refuse the first, warn about the second, and say which chunk_size fits."""
+    per_lane = [source.lane_positions(lane) for lane in range(source.canonical_replicas)]
+    total, r = sum(per_lane), source.canonical_replicas
+    fit = max(1, total // (4 * r))
+    starved = [lane for lane, n in enumerate(per_lane) if n == 0]
+    if starved:
+        raise ValueError(
+            f"exhaustion='stop' with drop_last: {len(starved)} of {r} lanes get no sample in a pass (lanes get whole "
+            f"chunks: {total} samples in chunks of chunk_size={source.chunk_size}), so not one step could complete "
+            f"and the whole pass would be dropped; use chunk_size <= {fit} (or fewer canonical_replicas, or "
+            f"drop_last=False)")
+    lost = sum(n - min(per_lane) for n in per_lane)
+    if lost > 0.1 * total:
+        log.warning("exhaustion='stop': lanes get between %d and %d samples per pass (whole chunks of %d), so "
+                    "about %d of %d samples (%.0f%%) cannot fill complete steps and will be dropped; "
+                    "chunk_size <= %d balances the lanes", min(per_lane), max(per_lane), source.chunk_size,
+                    lost, total, 100 * lost / total, fit)
+
+
 class Loader:
     """Deterministic, elastic loader for one rank.
 
@@ -114,6 +136,8 @@ class Loader:
                                  f"whole number of pointers >= 1")
             self.flush_span = int(span)
         self.unit_size = unit_size
+        if exhaustion == "stop" and self.batch.drop_last:
+            _check_finite_lanes(self.source)
         self.dp_degree, self.dp_rank = dp_degree, dp_rank
         self.rank_lanes = lanes_for_rank(canonical_replicas, dp_degree, dp_rank, lane_assignment)
         if lanes is None:

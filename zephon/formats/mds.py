@@ -941,8 +941,10 @@ def open_mds(source, *, name: str | None = None, columns: Sequence[str] | None =
         if validate_hash is not None:
             entry = m.zip if (m.zip is not None and path == m.zip_path) else m.raw
             if validate_hash not in entry.hashes:
-                raise DataError(f"validate_hash={validate_hash!r}, but the index recorded only "
-                                f"{sorted(entry.hashes) or 'no hashes'} for {entry.basename}", path=index_path, shard=i)
+                recorded = (f"only {sorted(entry.hashes)}" if entry.hashes
+                            else "no hashes (MDSWriter(hashes=[...]) was not set)")
+                raise DataError(f"validate_hash={validate_hash!r}, but the index recorded {recorded} for "
+                                f"{entry.basename}", path=index_path, shard=i)
         st = os.stat(path)
         shards.append(ShardInfo(path, m.samples, FORMAT, st.st_size, st.st_mtime_ns))
     if name is None:

@@ -139,6 +139,17 @@ class WorkSource:
         global_chunks = -(-self.total_positions // self.chunk_size)
         return max(0, -(-(global_chunks - lane) // self.canonical_replicas))
 
+    def lane_positions(self, lane: int) -> int | None:
+        """Pointers lane ``lane`` gets in a finite stream (None for an endless one): whole chunks, the
+        last global chunk possibly short."""
+        if self.total_positions is None:
+            return None
+        n = self.num_chunks(lane)
+        if n == 0:
+            return 0
+        last = (n - 1) * self.canonical_replicas + lane  # the lane's last global chunk
+        return (n - 1) * self.chunk_size + min(self.chunk_size, self.total_positions - last * self.chunk_size)
+
     # -- random access ------------------------------------------------------------------------
     def chunk(self, lane: int, chunk_id: int) -> ChunkPointers:
         """The pointers of chunk ``chunk_id`` of ``lane`` (empty past the end of a finite stream)."""
