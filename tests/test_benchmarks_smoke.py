@@ -1,0 +1,51 @@
+"""Smoke test of the side-by-side benchmark suite: the quick data preparation and one tiny comparison.
+
+Asserts the shape of the output (formats written, a result per configuration, equal token counts),
+never a timing. Skipped where a peer library is missing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streaming")
+pytest.importorskip("megatron.energon")
+pytest.importorskip("webdataset")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_quick_prepare_and_one_comparison(tmp_path):
+    sys.path.insert(0, str(REPO))
+    from benchmarks import report
+    from benchmarks.common import run_child
+    from benchmarks.prepare import prepare
+    from zephon.demo_corpus import default_workdir
+
+    m = prepare(os.environ.get("ZEPHON_DEMO_DIR") or default_workdir(), quick=True)
+    assert m["docs"] == sum(m["per_dataset"]) > 0
+    assert (Path(m["mds"]) / "index.json").exists()
+    assert list(Path(m["wds"]).glob("*.tar")) and (Path(m["wds"]) / ".nv-meta" / "split.yaml").exists()
+    assert all(len(fs) == 1 for fs in m["jsonl"] + m["parquet"])
+
+    runs = {}
+    for name, kind, cfg in (("zephon/inline", "pipeline.zephon", {"runner": "inline"}),
+                            ("torch DataLoader/2 workers", "pipeline.torch", {"workers": 0})):
+        res = run_child(kind, {**cfg, "manifest": m, "format": "jsonl"}, timeout=120)
+        assert res and "error" not in res, res
+        assert res["tokens"] > 0 and res["rows"] > 0 and res["rss_main_mib"] > 0
+        runs[name] = [res]
+    assert runs["zephon/inline"][0]["tokens"] == runs["torch DataLoader/2 workers"][0]["tokens"]
+
+    R = {"machine": {"date": "d", "nproc": 2, "cpu": "c", "mem_gib": 1.0, "os": "o", "code": "x",
+                     "load_before": 0.0, "versions": {"python": "3"}},
+         "command": "python -m benchmarks --quick", "quick": True, "repeats": 1, "docs": m["docs"],
+         "seconds": 1.0, "load_after": 0.0, "pipeline": {"jsonl": runs}}
+    md, plots = report.render(json.loads(json.dumps(R)), img_dir=tmp_path, write_plots=False)
+    assert report.BEGIN in md and report.END in md and "| zephon/inline |" in md
+    assert "best Zephon / torch DataLoader" in md
