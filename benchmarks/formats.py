@@ -130,9 +130,13 @@ def child_energon(cfg) -> dict:
     per_pass = m["docs"] // bs
     count = (lambda b: int(b.shape[0])) if "task_encoder" in kw else _text_count
     with RssWatch() as watch:
-        it = iter(loader)
-        warm = _timed(it, max(4, per_pass // 4), count)
         with Timer() as t:
+            it = iter(loader)
+            warm = _timed(it, max(4, per_pass // 4), count)
             res = _timed(it, per_pass, count)
-    res.update(watch.result(), cpu=t.cpu, startup=warm["first_batch"])
+    # The rate covers the whole iteration (start-up, warm-up and timed part): the loaders buffer to
+    # different depths, so timing only a later window would credit the deeper prefetch (work done
+    # during the warm-up) instead of throughput. ``steady_rate`` is the later window alone.
+    res.update(watch.result(), cpu=t.cpu, startup=warm["first_batch"], samples=warm["samples"] + res["samples"],
+               seconds=t.seconds, rate=(warm["samples"] + res["samples"]) / t.seconds)
     return res

@@ -138,8 +138,9 @@ def render(R: dict, img_dir: Path, write_plots: bool = True):
                     "so it yields slightly fewer samples per epoch; the rate is per delivered sample.")
         else:
             desc = ("`get_train_dataset(<wds>, batch_size=8, shuffle_buffer_size=100, max_samples_per_sequence=100, "
-                    "WorkerConfig(num_workers=2))` + `get_loader`; a quarter pass warms up, then one pass worth of "
-                    "batches is timed. `+ tokenize`: a `TaskEncoder` whose `encode_sample` tokenizes the text and "
+                    "WorkerConfig(num_workers=2))` + `get_loader`; 1.25 passes worth of batches timed from `iter()` "
+                    "on, start-up included (the two loaders prefetch to different depths: a window timed after a "
+                    "warm-up measured buffers, not throughput). `+ tokenize`: a `TaskEncoder` whose `encode_sample` tokenizes the text and "
                     "whose `batch` pads to one tensor. **ratio** is against megatron-energon with the same "
                     "task encoder.")
         out += [title, "", desc, ""]
