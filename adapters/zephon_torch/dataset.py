@@ -80,7 +80,7 @@ class ZephonIterableDataset(IterableDataset):
         # The rank's template: config, fingerprint, lanes, starting state. Never iterated itself.
         self.loader = Loader(*self._args, emit_state=True, runner="inline", **self._kwargs)
         self._live: Loader | None = None
-        self.report_drops = False  # set by this package's DataLoaders, which count (and strip) the marker
+        self.report_drops = False  # set by this package's DataLoaders: numpy items and a drop-count marker
 
     def build_loader(self, lanes=None, runner=("inline", 1)) -> Loader:
         """A fresh ``Loader`` for ``lanes`` (default: the whole rank) starting from this dataset's
@@ -99,8 +99,8 @@ class ZephonIterableDataset(IterableDataset):
                                   self._worker_runner)
         self._live = L
         try:
-            for mb in L:
-                yield to_torch(mb)
+            for mb in L:  # this package's DataLoaders convert after reassembly (cheaper across processes)
+                yield mb if self.report_drops else to_torch(mb)
             if self.report_drops and L.dropped_rows:  # a finite stream's incomplete last step, for the count
                 yield {"__dropped_rows__": L.dropped_rows}
         finally:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import torch
 import torch.utils.data
 from torchdata.stateful_dataloader import StatefulDataLoader as _TorchdataStatefulDataLoader
 
 from zephon.engine import Progress, StepAssembly
 
-from .dataset import ZephonIterableDataset
+from .dataset import ZephonIterableDataset, to_torch
 
 #: Bookkeeping keys of a lane micro-batch, replaced by per-row ``__lane__`` and one ``__step__``.
 _META = ("__lane__", "__step__", "__micro__", "__state__")
@@ -25,18 +26,20 @@ _RAGGED = ("cu_seqlens",)
 
 
 def _concat(parts: list[dict]) -> dict:
-    """Concatenate lane micro-batches (same step and micro-batch index) along rows, in lane order."""
+    """Concatenate lane micro-batches (numpy, as the workers send them; same step and micro-batch index)
+    along rows in lane order, then convert to torch (``to_torch``)."""
     out = {}
     for k in parts[0]:
         if k in _META:
             continue
         vals = [p[k] for p in parts]
-        if k in _RAGGED or (isinstance(vals[0], torch.Tensor) and len({v.shape[1:] for v in vals}) > 1):
-            out[k] = [row for v in vals for row in v]  # one tensor per row (document boundaries vary)
-        elif isinstance(vals[0], torch.Tensor):
-            out[k] = torch.cat(vals) if len(vals) > 1 else vals[0]
+        if k in _RAGGED or (isinstance(vals[0], np.ndarray) and len({v.shape[1:] for v in vals}) > 1):
+            out[k] = [row for v in vals for row in v]  # one array per row (document boundaries vary)
+        elif isinstance(vals[0], np.ndarray):
+            out[k] = np.concatenate(vals) if len(vals) > 1 else vals[0]
         else:
             out[k] = [x for v in vals for x in v] if isinstance(vals[0], list) else vals
+    out = to_torch(out)
     out["__lane__"] = torch.tensor([p["__lane__"] for p in parts for _ in range(_rows(p))], dtype=torch.long)
     out["__step__"] = parts[0]["__step__"]
     out["__micro__"] = parts[0]["__micro__"]
@@ -45,9 +48,16 @@ def _concat(parts: list[dict]) -> dict:
 
 def _rows(mb: dict) -> int:
     for v in mb.values():
-        if isinstance(v, torch.Tensor) and v.dim() >= 1:
+        if isinstance(v, (np.ndarray, torch.Tensor)) and v.ndim >= 1:
             return int(v.shape[0])
-    raise ValueError("micro-batch without a per-row tensor")
+    raise ValueError("micro-batch without a per-row array")
+
+
+def _as_is(item):
+    """collate_fn for ``batch_size=None``: keep the worker's numpy micro-batch. torch's default would make
+    tensors, which cross processes one shared-memory handle per tensor (a connection handshake each)
+    instead of one pickled buffer; conversion happens once per local micro-batch in the main process."""
+    return item
 
 
 class _RankStateMixin:
@@ -64,7 +74,8 @@ class _RankStateMixin:
             raise ValueError("persistent_workers=True would carry rows prefetched but never consumed into the next "
                              "iteration; Zephon restarts workers from the consumed state instead")
         kwargs["batch_size"] = None
-        dataset.report_drops = True
+        kwargs.setdefault("collate_fn", _as_is)
+        dataset.report_drops = True  # ... and yields numpy micro-batches (see _as_is)
         self._progress = Progress(dataset.loader)
         self._agree_group = None
         self.dropped_rows = 0  # a finite stream's rows after the last step every lane and rank completed
