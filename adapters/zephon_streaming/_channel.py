@@ -29,7 +29,7 @@ def write_json_atomic(path: str, obj) -> None:
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, separators=(",", ":"))
+            f.write(json.dumps(obj, separators=(",", ":")))  # one C-encoded string: json.dump streams in Python
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -50,7 +50,11 @@ class Channel:
     def __init__(self, root: str, keep_steps: int = 256):
         self.root = root
         self.keep_steps = keep_steps
+        self._mem: dict[tuple, list] = {}  # entries published by this process itself (no file needed)
         os.makedirs(root, exist_ok=True)
+
+    def __getstate__(self):  # workers get the channel, not the main process's in-memory entries
+        return {k: v for k, v in self.__dict__.items() if k != "_mem"} | {"_mem": {}}
 
     # -- claims: which __iter__ call runs which epoch, from which state ---------------------------
     @contextmanager
@@ -113,8 +117,17 @@ class Channel:
     def _step_path(self, epoch: int, step: int) -> str:
         return os.path.join(self.root, f"e{epoch}", f"s{step}.json")
 
-    def publish(self, epoch: int, step: int, entries: list) -> None:
-        """The rank's lane entries once global step ``step`` (0-based) of ``epoch`` is consumed."""
+    def publish(self, epoch: int, step: int, entries: list, in_memory: bool = False) -> None:
+        """The rank's lane entries once global step ``step`` (0-based) of ``epoch`` is consumed.
+        ``in_memory``: the publisher is the process that will read them (StreamingDataLoader's main
+        process): keep them in memory (the last ``keep_steps``) instead of writing a file per step."""
+        if in_memory:
+            self._mem[(epoch, step)] = entries
+            self._mem.pop((epoch, step - self.keep_steps), None)
+            if step == 0:
+                for key in [k for k in self._mem if k[0] < epoch - 1]:
+                    del self._mem[key]
+            return
         d = os.path.join(self.root, f"e{epoch}")
         os.makedirs(d, exist_ok=True)
         write_json_atomic(self._step_path(epoch, step), entries)
@@ -128,10 +141,12 @@ class Channel:
             shutil.rmtree(os.path.join(self.root, f"e{epoch - 2}"), ignore_errors=True)
 
     def has_step(self, epoch: int, step: int) -> bool:
-        return os.path.exists(self._step_path(epoch, step))
+        return (epoch, step) in self._mem or os.path.exists(self._step_path(epoch, step))
 
     def entries(self, epoch: int, step: int, timeout: float) -> list:
         """The entries published for ``step``; waits up to ``timeout`` s for a worker still writing it."""
+        if (epoch, step) in self._mem:
+            return self._mem[(epoch, step)]
         p = self._step_path(epoch, step)
         deadline = time.monotonic() + timeout
         while True:

@@ -356,18 +356,8 @@ class StreamingDataset(IterableDataset):
             what = f"epoch_size={self.epoch_size}"
         else:  # one pass: the lane with the fewest samples decides (each row is one sample)
             src = self._loader(0).source
-            T, cs = src.total_positions, src.chunk_size
-            G = -(-T // cs)
-
-            def rows(lane):
-                n = src.num_chunks(lane)
-                if n == 0:
-                    return 0
-                last = (n - 1) * R + lane
-                return n * cs - ((G * cs - T) if last == G - 1 else 0)
-
-            S = min(rows(lane) for lane in range(R)) // self.rows_per_lane
-            what = f"one pass over {T} samples"
+            S = min(src.lane_positions(lane) for lane in range(R)) // self.rows_per_lane
+            what = f"one pass over {src.total_positions} samples"
         if S < 1:
             raise ValueError(f"{what} gives no complete global batch of {gbs} rows over {R} lanes "
                              f"(lower num_canonical_nodes or chunk_size, or raise epoch_size)")
@@ -414,9 +404,9 @@ class StreamingDataset(IterableDataset):
         else:  # workers of one DataLoader iteration share seed - id; persistent workers count their calls
             key, W, w = f"w-{info.seed - info.id}-{self._iter_count}", info.num_workers, info.id
         claim = self._claim(key)
-        return self._iter_rank(claim, W, w)
+        return self._iter_rank(claim, W, w, in_memory=info is None)
 
-    def _iter_rank(self, claim: dict, W: int, w: int):
+    def _iter_rank(self, claim: dict, W: int, w: int, in_memory: bool = False):
         """All of the rank's lanes; a worker keeps global steps ``(k - k0) % W == w``, so a DataLoader
         with ``batch_size`` = this dataset's collates each rank batch from one worker (duplicated work: every
         worker runs every lane of the rank; ``StreamingDataLoader`` splits lanes instead)."""
@@ -433,8 +423,9 @@ class StreamingDataset(IterableDataset):
                 mbs = [next(it) for _ in range(n_lanes)]
                 if [mb["__step__"] for mb in mbs] != [k] * n_lanes:
                     raise RuntimeError(f"internal: expected step {k}, got {[mb['__step__'] for mb in mbs]}")
-                self._channel.publish(e, k, [mb.pop("__state__") for mb in mbs])
-                if (k - k0) % W == w:
+                entries = [mb.pop("__state__") for mb in mbs]
+                if (k - k0) % W == w:  # every worker knows these entries; the one yielding step k publishes
+                    self._channel.publish(e, k, entries, in_memory=in_memory)
                     for mb in mbs:
                         yield from self.rows(mb)
         finally:

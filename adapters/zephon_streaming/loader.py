@@ -99,7 +99,7 @@ class StreamingDataLoader(DataLoader):
             if [b["__lane__"] for b in buf] != lanes or any(b["__step__"] != k for b in buf):
                 raise RuntimeError(f"internal: lane micro-batches out of order at step {k}: "
                                    f"{[(b['__lane__'], b['__step__']) for b in buf]}")
-            ds._channel.publish(e, k, progress.checkpoint()["lanes"])
+            ds._channel.publish(e, k, [progress.entries[lane] for lane in sorted(progress.entries)], in_memory=True)
             rows = [r for b in buf for r in ds.rows(b)]
             buf = []
             self.num_samples_yielded += len(rows)
