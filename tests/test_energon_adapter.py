@@ -303,8 +303,9 @@ def test_worker_and_rank_without_samples_do_not_hang(text_ds):
     t = time.monotonic()
     assert take(dl, 10) == ref
     dl.close()
-    # val: 50 samples over 64 lanes; rank 7 of 8 owns lanes 56-63, which hold none
-    ds = ze.get_val_dataset(text_ds, worker_config=wc(7, 8, 2), batch_size=1, canonical_replicas=64)
+    # val: 50 samples over 64 lanes (one each); rank 7 of 8 owns lanes 56-63 (contiguous), which hold none
+    ds = ze.get_val_dataset(text_ds, worker_config=wc(7, 8, 2), batch_size=1, canonical_replicas=64,
+                            lane_assignment="contiguous")
     assert list(ze.get_loader(ds)) == []
     assert time.monotonic() - t < 30
 
@@ -410,3 +411,124 @@ def test_megatron_provider_resumes_at_another_world_size_and_fails_loudly(text_d
     with pytest.raises(CheckpointError, match="canonical_replicas"):
         zm.train_valid_test_dataloaders_provider(None, args=args(load="x", iteration=10, canonical_replicas=4),
                                                  dp_rank=0, dp_world_size=1)
+
+
+# -- validation layout, limit, tiny datasets, virtual epochs, subflavors (oracle: Energon itself) ----------------
+def _val_batches(lib, path, rank, world, workers, bs, loader="get_loader", **kw):
+    ds = lib.get_val_dataset(path, worker_config=lib.WorkerConfig(rank=rank, world_size=world, num_workers=workers),
+                             batch_size=bs, **kw)
+    dl = getattr(lib, loader)(ds)
+    return dl, [list(b.__key__) for b in dl]
+
+
+def test_savable_loader_honours_val_limit_like_energon(text_ds):
+    for world, workers in [(1, 0), (2, 2)]:
+        for r in range(world):
+            edl, ref = _val_batches(me, text_ds, r, world, workers, 4, "get_savable_loader", limit=3)
+            zdl, got = _val_batches(ze, text_ds, r, world, workers, 4, "get_savable_loader", limit=3)
+            assert len(zdl) == len(edl) == 3 and len(got) == len(ref) == 3
+            assert [len(b) for b in got] == [len(b) for b in ref] == [4, 4, 4]
+            assert [list(b.__key__) for b in zdl] == got  # each iter() starts the split again
+            if world == 1:
+                assert got == ref  # one lane: the stored order, as Energon's one slice
+            zdl.close()
+    # an interrupted limited epoch resumes its remainder, then the split starts again (LimitDataset's offset)
+    zdl, full = _val_batches(ze, text_ds, 0, 1, 0, 4, "get_savable_loader", limit=3)
+    it = iter(zdl)
+    assert list(next(it).__key__) == full[0]
+    state = zdl.save_state_rank()
+    again = ze.get_savable_loader(ze.get_val_dataset(text_ds, worker_config=wc(), batch_size=4, limit=3))
+    again.restore_state_rank(state)
+    assert [list(b.__key__) for b in again] == full[1:]
+    assert [list(b.__key__) for b in again] == full
+
+
+@pytest.mark.parametrize("world,workers,bs", [(4, 2, 5), (2, 0, 4), (2, 3, 3)])
+def test_val_batches_are_full_and_rank_counts_match_energon(text_ds, world, workers, bs):
+    """50 val samples: Energon splits them into world_size x num_workers near-equal slices; Zephon's default
+    validation lanes (one per rank-worker) give the same batch counts per rank and the same batch sizes,
+    every sample once (a per-batch collective in an eval loop cannot hang)."""
+    ref, got = [], []
+    for r in range(world):
+        ref.append(_val_batches(me, text_ds, r, world, workers, bs)[1])
+        got.append(_val_batches(ze, text_ds, r, world, workers, bs)[1])
+    assert [len(x) for x in got] == [len(x) for x in ref]
+    assert sorted(len(b) for x in got for b in x) == sorted(len(b) for x in ref for b in x)
+    assert sorted(k for x in got for b in x for k in b) == sorted(k for x in ref for b in x for k in b)
+
+
+def test_dataset_smaller_than_the_lanes_is_refused_or_warned(text_ds):
+    n = len(energon_samples(text_ds))  # 149 train samples; 256 lanes
+    with pytest.raises(ValueError, match=rf"{n} samples per pass for canonical_replicas=256.*ranks \[3\].*"
+                                         rf"canonical_replicas .*at most {n}"):
+        train_loader(text_ds, rank=0, world=4, repeat=False, canonical_replicas=256)
+    with pytest.warns(ze.ZephonEnergonWarning, match=rf"{n} samples per pass for canonical_replicas=256.*twice"):
+        train_loader(text_ds, rank=0, world=4, repeat=True, canonical_replicas=256)
+    with pytest.warns(ze.ZephonEnergonWarning, match="no sample, so ranks get unequal"):
+        train_loader(text_ds, world=1, repeat=False, canonical_replicas=256)
+    with pytest.warns(ze.ZephonEnergonWarning, match="fewer than batch_size=5: every batch is short"):
+        ze.get_val_dataset(text_ds, worker_config=wc(), batch_size=5, canonical_replicas=64)
+
+
+def _vel_run(lib, path, cut):
+    """Two virtual epochs of 7, ``cut`` batches of the third, save, restore in a new loader: the batches
+    of its next two iter()s."""
+    def make():
+        ds = lib.get_train_dataset(path, worker_config=lib.WorkerConfig(rank=0, world_size=1, num_workers=1),
+                                   batch_size=3, shuffle_buffer_size=4, max_samples_per_sequence=None,
+                                   virtual_epoch_length=7, **({} if lib is me else {"canonical_replicas": R}))
+        return lib.get_savable_loader(ds)
+    dl = make()
+    head = [[tuple(b.__key__) for b in dl] for _ in range(2)]
+    it = iter(dl)
+    head.append([tuple(next(it).__key__) for _ in range(cut)])
+    state = dl.save_state_rank()
+    del it
+    dl2 = make()
+    dl2.restore_state_rank(state)
+    return head, [[tuple(b.__key__) for b in dl2] for _ in range(2)]
+
+
+def test_virtual_epoch_interrupted_resumes_its_remainder_like_energon(text_ds):
+    ref_head, ref_tail = _vel_run(me, text_ds, 3)
+    head, tail = _vel_run(ze, text_ds, 3)
+    assert [len(e) for e in head] == [len(e) for e in ref_head] == [7, 7, 3]
+    assert [len(e) for e in tail] == [len(e) for e in ref_tail] == [4, 7]
+    uninterrupted = take(train_loader(text_ds, workers=1, batch_size=3), 7 * 4)
+    assert [b for e in head + tail for b in e] == uninterrupted
+    # rank states of a world of 2 (a list, as save_state_global gives): each rank keeps its own offset
+    states = []
+    for r in range(2):
+        dl = train_loader(text_ds, rank=r, world=2, virtual_epoch_length=5)
+        [b for b in dl]
+        take(dl, 2 + r)
+        states.append(dl.save_state_rank())
+    assert [s["epoch_offset"] for s in states] == [2, 3]
+    for r in range(2):
+        dl = train_loader(text_ds, rank=r, world=2, workers=1, virtual_epoch_length=5)
+        dl.restore_state_global(states)
+        assert dl.save_state_rank()["epoch_offset"] == 2 + r
+        assert len(list(dl)) == 3 - r and len(list(dl)) == 5
+
+
+def test_subflavors_keyword_merges_like_energon(text_ds, tmp_path):
+    def first(lib, path, fn="get_train_dataset", **kw):
+        w = lib.WorkerConfig(rank=0, world_size=1, num_workers=0)
+        if fn == "get_train_dataset":
+            ds = lib.get_train_dataset(path, worker_config=w, batch_size=None, shuffle_buffer_size=None,
+                                       max_samples_per_sequence=None, **kw)
+        else:
+            ds = lib.get_val_datasets(path, worker_config=w, batch_size=None, **kw)[0][0]
+        return next(iter(lib.get_loader(ds))).__subflavors__
+
+    kw = {"subflavors": {"src": "keyword", "extra": 1}}
+    assert first(ze, text_ds, **kw) == first(me, text_ds, **kw) == {"src": "keyword", "extra": 1}
+    meta = tmp_path / "meta.yaml"
+    meta.write_text("__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n"
+                    f"  train:\n    path: {text_ds}\n    subflavors:\n      kind: text\n      extra: 0\n"
+                    f"  val:\n    path: {text_ds}\n    subflavors:\n      kind: val\n")
+    assert first(ze, str(meta), **kw) == first(me, str(meta), **kw)
+    assert first(ze, str(meta)) == first(me, str(meta))
+    assert first(ze, str(meta), "get_val_datasets") == first(me, str(meta), "get_val_datasets") \
+        == {"src": "txt", "kind": "val"}
+    assert first(ze, str(meta), "get_val_datasets", **kw) == first(me, str(meta), "get_val_datasets", **kw)

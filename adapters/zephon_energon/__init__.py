@@ -36,8 +36,8 @@ from megatron.energon import (  # noqa: F401  (re-exported: one import line to c
     stateless,
 )
 
-from .dataset import (DEFAULT_CANONICAL_REPLICAS, EnergonDataset, RefusedKeyword, get_train_dataset, get_val_dataset,
-                      get_val_datasets)
+from .dataset import (DEFAULT_CANONICAL_REPLICAS, EnergonDataset, RefusedKeyword, ZephonEnergonWarning,
+                      get_train_dataset, get_val_dataset, get_val_datasets)
 from .loader import BasicDataLoader, SavableDataLoader, get_loader, get_savable_loader
 
 __all__ = [
@@ -45,7 +45,7 @@ __all__ = [
     "DefaultTaskEncoder", "EnergonDataset", "ImageClassificationSample", "ImageSample", "InterleavedSample",
     "MultiChoiceVQASample", "OCRSample", "RefusedKeyword", "Sample", "SavableDataLoader",
     "SimilarityInterleavedSample", "SkipSample", "TaskEncoder", "TextSample", "VQASample", "VidQASample",
-    "WorkerConfig", "basic_sample_keys", "batch_list", "batch_pad_stack", "batch_stack", "cooker", "edataclass",
+    "WorkerConfig", "ZephonEnergonWarning", "basic_sample_keys", "batch_list", "batch_pad_stack", "batch_stack", "cooker", "edataclass",
     "generic_batch", "get_loader", "get_savable_loader", "get_train_dataset", "get_val_dataset", "get_val_datasets",
     "stateless",
 ]

@@ -27,7 +27,7 @@ from megatron.energon.errors import reraise_exception
 
 from zephon.engine import Loader
 from zephon.ops import Batch, Filter, Shuffle
-from zephon.work import split_lanes
+from zephon.work import lanes_for_rank, split_lanes
 
 from ._encode import EncodeSamples, SampleFactory, TaskPack, _call, _expand, energon_context, keep, overridden
 
@@ -38,6 +38,11 @@ DEFAULT_CANONICAL_REPLICAS = 64
 
 class RefusedKeyword(ValueError):
     """An Energon keyword (or value) zephon_energon cannot honour; the message says why."""
+
+
+class ZephonEnergonWarning(UserWarning):
+    """A configuration zephon_energon runs but that is probably not what was meant (the message says why
+    and what to set)."""
 
 
 def _refuse(name, reason):
@@ -202,7 +207,7 @@ class EnergonDataset(IterableDataset):
 
 
 def _build(path, *, split_part, worker_config, batch_size, batch_drop_last, packing_buffer_size, shuffle_buffer_size,
-           task_encoder, repeat, training, virtual_epoch_length=0, limit=None, kwargs) -> EnergonDataset:
+           task_encoder, repeat, training, virtual_epoch_length=0, limit=None, kwargs, entries=None) -> EnergonDataset:
     _check_worker_config(worker_config)
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be an int >= 1 or None, got {batch_size!r}")
@@ -218,6 +223,10 @@ def _build(path, *, split_part, worker_config, batch_size, batch_drop_last, pack
             default = "dataset.yaml" if k == "dataset_config" else "split.yaml"
             if v != default:
                 _refuse(k, f"{v!r}: zephon's reader reads .nv-meta/{default} only")
+
+    subflavors = kwargs.pop("subflavors", None)
+    if subflavors is not None and not isinstance(subflavors, dict):
+        raise ValueError(f"subflavors must be a dict, got {type(subflavors).__name__}")
     if kwargs:
         _refuse(", ".join(sorted(kwargs)), "not an Energon keyword zephon_energon can honour "
                 f"(Zephon extras: {', '.join(ZEPHON_KEYWORDS)})")
@@ -225,7 +234,9 @@ def _build(path, *, split_part, worker_config, batch_size, batch_drop_last, pack
         _refuse("task_encoder.batch_group_criterion", "grouped batching (GroupBatchDataset) is not supported: batches "
                 "are batch_size rows of one lane")
 
-    sources = _open_sources(path, split_part, {})
+    sources = _open_sources(path, split_part, {}) if entries is None else entries
+    if subflavors:  # Energon: the keyword merge-overrides the (meta)dataset's subflavors of every sample
+        sources = [(ds, dict(e, subflavors={**(e.get("subflavors") or {}), **subflavors})) for ds, e in sources]
     datasets, weights, metas = _weights(sources, repeat)
     factories = [SampleFactory(e["path"], getattr(ds, "energon", {}) or {}, e.get("subflavors"))
                  for ds, e in zip(datasets, metas)]
@@ -240,19 +251,69 @@ def _build(path, *, split_part, worker_config, batch_size, batch_drop_last, pack
         ops.append(TaskPack(task_encoder, packing_buffer_size, seed_offset=seed, error_handler=handler))
     ops.append(Batch(batch_size or 1, drop_last=bool(batch_drop_last)))
 
-    R = int(zk.get("canonical_replicas", DEFAULT_CANONICAL_REPLICAS))
     total = sum(d.num_samples for d in datasets)
-    chunk = int(zk.get("chunk_size") or max(1, min(256, total // R)))
+    if training:
+        R = int(zk.get("canonical_replicas", DEFAULT_CANONICAL_REPLICAS))
+        chunk = int(zk.get("chunk_size") or max(1, min(256, total // R)))
+        assignment = zk.get("lane_assignment", "contiguous")
+    else:
+        # Validation restarts every iteration: no lanes need to outlive a run. Energon splits the split into
+        # world_size x num_workers near-equal slices (one per rank-worker); one lane per rank-worker, samples
+        # dealt one at a time (chunk_size 1) and lanes interleaved over ranks give every lane Energon's slice
+        # size (q or q + 1 samples), so batches are full and ranks' batch counts as balanced as Energon's.
+        R = int(zk.get("canonical_replicas") or worker_config.world_size * max(1, worker_config.num_workers))
+        chunk = int(zk.get("chunk_size") or 1)
+        assignment = zk.get("lane_assignment", "interleaved")
     span = int(zk.get("flush_span") or max(256, 4 * (packing_buffer_size or 0), 4 * (shuffle_buffer_size or 0)))
     k = -(-span // chunk)  # whole chunks between sentinels
     loader_kwargs = dict(seed=seed, canonical_replicas=R, chunk_size=chunk, flush_every_k_chunks=k,
                          shuffle=training, exhaustion="repeat" if (training and repeat) else "stop",
                          dp_degree=worker_config.world_size, dp_rank=worker_config.rank,
-                         lane_assignment=zk.get("lane_assignment", "contiguous"))
-    return EnergonDataset(datasets=datasets, weights=weights, ops=ops, loader_kwargs=loader_kwargs,
-                          worker_config=worker_config, task_encoder=task_encoder, batch_size=batch_size,
-                          training=training, virtual_epoch_length=virtual_epoch_length, limit=limit,
-                          seed_offset=seed, sources=[e for _, e in sources])
+                         lane_assignment=assignment)
+    ds = EnergonDataset(datasets=datasets, weights=weights, ops=ops, loader_kwargs=loader_kwargs,
+                        worker_config=worker_config, task_encoder=task_encoder, batch_size=batch_size,
+                        training=training, virtual_epoch_length=virtual_epoch_length, limit=limit,
+                        seed_offset=seed, sources=[e for _, e in sources])
+    _check_lanes(ds, path, total, batch_size, explicit_replicas="canonical_replicas" in zk)
+    return ds
+
+
+def _check_lanes(ds, path, total, batch_size, explicit_replicas) -> None:
+    """A dataset (pass) too small for its lanes must not go unnoticed: empty lanes put one sample twice in a
+    batch (``repeat``) or leave ranks without data (one pass: their collectives would wait forever)."""
+    L, wc = ds.loader, ds.worker_config
+    R, src, W = L.canonical_replicas, L.source, wc.world_size
+    finite = src.total_positions is not None
+    n = src.total_positions if finite else total
+    per_lane = [src.lane_positions(lane) for lane in range(R)] if finite else None
+    idle = [r for r in range(W) if not any(per_lane[lane] for lane in lanes_for_rank(
+        R, W, r, ds._kwargs["lane_assignment"]))] if finite else []
+    if not ds.training:
+        if n < R and not explicit_replicas:
+            warnings.warn(f"{path}: {n} validation samples for {R} rank-workers (world_size x num_workers slices, as "
+                          f"Energon splits them): {R - n} get no sample" +
+                          (f"; ranks {idle} get none at all" if idle else ""), ZephonEnergonWarning, stacklevel=4)
+        elif explicit_replicas and batch_size and max(per_lane) < batch_size:
+            warnings.warn(f"{path}: {n} validation samples over canonical_replicas={R} lanes give at most "
+                          f"{max(per_lane)} samples per lane, fewer than batch_size={batch_size}: every batch is "
+                          f"short; leave canonical_replicas unset for validation (one lane per rank-worker)",
+                          ZephonEnergonWarning, stacklevel=4)
+        return
+    if n >= R:
+        return
+    fit = (f"set canonical_replicas (a Zephon keyword) to at most {n}, a multiple of every world size you use "
+           f"(e.g. {n - n % W} at world_size={W})") if n >= W else \
+        f"use fewer than {n + 1} ranks, or a larger dataset"
+    what = f"{path}: {n} samples per pass for canonical_replicas={R} lanes"
+    if finite and idle:
+        raise ValueError(f"{what}: with repeat=False {R - n} lanes get no sample and ranks {idle} of world_size={W} "
+                         f"get no data at all (their training loop would wait forever on the others); {fit}")
+    if finite:
+        warnings.warn(f"{what}: with repeat=False {R - n} lanes get no sample, so ranks get unequal numbers of "
+                      f"batches; {fit}", ZephonEnergonWarning, stacklevel=4)
+    else:
+        warnings.warn(f"{what}: a lane sees a sample only every ~{-(-R // n)} passes, so a batch mixes passes (the "
+                      f"same sample can appear twice in one batch); {fit}", ZephonEnergonWarning, stacklevel=4)
 
 
 def _deprecated(kwargs, task_encoder) -> None:
@@ -297,32 +358,32 @@ def get_train_dataset(path, *, split_part="train", worker_config, batch_size, ba
 
 def get_val_dataset(path, *, split_part="val", worker_config, batch_size, batch_drop_last: bool = False,
                     packing_buffer_size=None, limit=None, task_encoder=None, **kwargs) -> EnergonDataset:
-    """Energon's ``get_val_dataset``: one pass in stored order (no shuffling), split over the ranks'
-    lanes; ``limit`` caps the batches per rank and iteration. Each ``iter()`` starts at the beginning."""
+    """Energon's ``get_val_dataset``: one pass in stored order (no shuffling) split over the ranks and
+    workers as Energon splits it (one lane per rank-worker unless ``canonical_replicas`` is given);
+    ``limit`` caps the batches per rank and iteration. Each ``iter()`` starts at the beginning."""
+    return _val(path, split_part=split_part, worker_config=worker_config, batch_size=batch_size,
+                batch_drop_last=batch_drop_last, packing_buffer_size=packing_buffer_size, limit=limit,
+                task_encoder=task_encoder, kwargs=kwargs)
+
+
+def _val(path, *, split_part, worker_config, batch_size, batch_drop_last, packing_buffer_size, limit, task_encoder,
+         kwargs, entries=None) -> EnergonDataset:
     if limit is not None and (not isinstance(limit, int) or limit < 0):
         raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
     return _build(path, split_part=split_part, worker_config=worker_config, batch_size=batch_size,
                   batch_drop_last=batch_drop_last, packing_buffer_size=packing_buffer_size, shuffle_buffer_size=None,
-                  task_encoder=task_encoder, repeat=False, training=False, limit=limit or None, kwargs=dict(kwargs))
+                  task_encoder=task_encoder, repeat=False, training=False, limit=limit or None, kwargs=dict(kwargs),
+                  entries=entries)
 
 
 def get_val_datasets(path, *, split_part="val", worker_config, batch_size, batch_drop_last: bool = False,
                      packing_buffer_size=None, limit=None, task_encoder=None, **kwargs):
     """Energon's ``get_val_datasets``: one ``(dataset, source)`` per dataset of a metadataset (``source``:
-    its metadataset entry: path, weight, subset, subflavors)."""
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        ds = get_val_dataset(path, split_part=split_part, worker_config=worker_config, batch_size=batch_size,
-                             batch_drop_last=batch_drop_last, packing_buffer_size=packing_buffer_size, limit=limit,
-                             task_encoder=task_encoder, **kwargs)
-        return [(ds, ds.sources[0])]
-    from zephon.formats import energon as efmt
-
+    its metadataset entry: path, weight, subset, subflavors, which the dataset keeps)."""
     out = []
-    for e in efmt.load_metadataset(path, split_part):
-        ds = get_val_dataset(e["path"], split_part=e.get("split_part") or split_part, worker_config=worker_config,
-                             batch_size=batch_size, batch_drop_last=batch_drop_last,
-                             packing_buffer_size=packing_buffer_size, limit=limit, task_encoder=task_encoder,
-                             **kwargs)
-        out.append((ds, e))
+    for src in _open_sources(os.fspath(path), split_part, {}):
+        ds = _val(src[1]["path"], split_part=split_part, worker_config=worker_config, batch_size=batch_size,
+                  batch_drop_last=batch_drop_last, packing_buffer_size=packing_buffer_size, limit=limit,
+                  task_encoder=task_encoder, kwargs=kwargs, entries=[src])
+        out.append((ds, src[1]))
     return out

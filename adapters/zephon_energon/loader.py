@@ -139,16 +139,52 @@ class SavableDataLoader(_ZephonLoaderBase):
     which lanes are missing. ``save_state_global(global_dst_rank)`` / ``restore_state_global(state,
     src_rank=None)``: Energon's collectives (a list of rank states on the destination rank)."""
 
+    _epoch_offset = 0  # batches of the current (virtual / limited) epoch already handed out: Energon's offset
+    _reset_pending = False  # a limited validation epoch ended: the next iter() starts the split again
+
+    def _epoch_length(self):
+        ds = self.dataset
+        return (ds.virtual_epoch_length or None) if ds.training else ds.limit
+
     def __iter__(self):
-        n = self.dataset.virtual_epoch_length or None
-        return self._take(n, restart_finished=self.dataset.loader.source.exhaustion == "stop")
+        return self._epoch()
+
+    def _epoch(self):
+        """One ``iter()``: Energon's ``EpochizeDataset`` (``virtual_epoch_length``: that many batches, the stream
+        continuing, an interrupted epoch resuming at its offset) or ``LimitDataset(reset_after_epoch=True)``
+        (validation ``limit``: at most that many batches, then the split starts again)."""
+        n, val = self._epoch_length(), not self.dataset.training
+        if self._reset_pending:
+            self._reset_pending = False
+            self._stop()
+            self._fresh()
+        if n is not None and self._epoch_offset >= n:  # e.g. a state saved with a longer epoch
+            self._epoch_offset = 0
+        for payload in self._take(None if n is None else n - self._epoch_offset,
+                                  restart_finished=self.dataset.loader.source.exhaustion == "stop"):
+            if n is not None:
+                self._epoch_offset = (self._epoch_offset + 1) % n
+                if val and self._epoch_offset == 0:
+                    self._reset_pending = True
+            yield payload
+        if n is not None and self._epoch_offset:  # the stream (a finite pass) ended inside the epoch: it ends too
+            self._epoch_offset = 0
+            self._reset_pending = val
+        if self._reset_pending:
+            self._reset_pending = False
+            self._stop()
+            self._fresh()
 
     def save_state_rank(self) -> dict:
-        return self._progress.checkpoint()
+        state = self._progress.checkpoint()
+        if self._epoch_length() is not None:
+            state["epoch_offset"] = self._epoch_offset
+        return state
 
     def restore_state_rank(self, state) -> None:
         if state is None:  # Energon: None is the initial state
             state = _zero(self.dataset)
+        offset = _epoch_offset(state, self.dataset.loader.rank_lanes)
         if isinstance(state, (list, tuple)):
             state = _merge_list(state)
         if not isinstance(state, dict):
@@ -157,6 +193,7 @@ class SavableDataLoader(_ZephonLoaderBase):
         self._stop()
         self.dataset.loader.restore(state)  # validates now: CheckpointError names what differs / which lanes lack
         self._progress.reset()
+        self._epoch_offset, self._reset_pending = offset, False
 
     def save_state_global(self, global_dst_rank: int):
         state = self.save_state_rank()
@@ -204,6 +241,23 @@ class BasicDataLoader(_ZephonLoaderBase):
         return self._take(self.dataset.limit)
 
 
+def _epoch_offset(state, rank_lanes) -> int:
+    """The position in the current virtual / limited epoch a restored rank continues from: a rank state's
+    ``epoch_offset``; from several (merged) rank states, the offset of the rank that held this rank's first
+    lane (at the same world size: its own)."""
+    first = rank_lanes[0] if rank_lanes else None
+    if isinstance(state, dict):
+        by_lane = state.get("epoch_offsets")
+        if isinstance(by_lane, dict):
+            return int(by_lane.get(str(first), 0))
+        return int(state.get("epoch_offset", 0) or 0)
+    if isinstance(state, (list, tuple)):
+        for s in state:
+            if isinstance(s, dict) and any(isinstance(e, dict) and e.get("lane") == first for e in s.get("lanes", ())):
+                return _epoch_offset(s, rank_lanes)
+    return 0
+
+
 def _merge_list(states):
     if isinstance(states, dict):
         return states
@@ -216,6 +270,15 @@ def _merge_list(states):
     for s in states:
         if not isinstance(s, dict):
             raise CheckpointError(f"not a zephon_energon rank state: {type(s).__name__}")
+    offsets = {str(e["lane"]): _epoch_offset(s, [e["lane"]]) for s in states for e in s.get("lanes", ())
+               if isinstance(e, dict) and "lane" in e}
+    merged = _merge_lanes(states, lanes)
+    if any(offsets.values()):  # per lane, the epoch offset of the rank that saved it
+        merged["epoch_offsets"] = offsets
+    return merged
+
+
+def _merge_lanes(states, lanes):
     try:
         return merge_states(states)
     except CheckpointError:

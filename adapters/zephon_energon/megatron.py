@@ -93,7 +93,8 @@ def datasets_provider(task_encoder, worker_config=None, *, args=None):
     val_datasets = get_val_datasets(
         dname, batch_size=args.micro_batch_size, task_encoder=task_encoder, worker_config=worker_config,
         packing_buffer_size=getattr(args, "packing_buffer_size", None),
-        limit=getattr(args, "eval_iters", None) and args.eval_iters * getattr(args, "num_microbatches", 1), **extra)
+        limit=getattr(args, "eval_iters", None) and args.eval_iters * getattr(args, "num_microbatches", 1))
+    # (validation gets no canonical_replicas: it restarts every evaluation, one lane per rank-worker as Energon)
     return train_dataset, [ds for ds, _src in val_datasets], None
 
 
