@@ -52,7 +52,23 @@ def _torch_bytes(obj) -> int:
 
 # ------------------------------------------------------------------------------ the five loaders
 
-class ZephonCk:
+class _Peer:
+    """One loader under test: ``make()`` a fresh loader, ``steps(loader)`` its batches, ``save(loader)`` ->
+    (state, bytes), ``restore(state)`` a fresh loader resumed from ``state`` (``_load``), ``close``."""
+
+    def restore(self, state):
+        loader = self.make()
+        self._load(loader, state)
+        return loader
+
+    def _load(self, loader, state):
+        loader.load_state_dict(state)
+
+    def close(self, loader):
+        pass
+
+
+class ZephonCk(_Peer):
     name = "zephon"
 
     def __init__(self, m):
@@ -81,16 +97,14 @@ class ZephonCk:
         s = json.dumps(loader.checkpoint())
         return s, len(s)
 
-    def restore(self, state):
-        L = self.make()
-        L.restore(json.loads(state))
-        return L
+    def _load(self, loader, state):
+        loader.restore(json.loads(state))
 
     def close(self, loader):
         loader.close()
 
 
-class GrainCk:
+class GrainCk(_Peer):
     name = "grain"
 
     def __init__(self, m):
@@ -112,10 +126,8 @@ class GrainCk:
         s = json.dumps(st)
         return st, len(s)
 
-    def restore(self, state):
-        it = self.make()
+    def _load(self, it, state):
         it.set_state(state)
-        return it
 
     def close(self, it):
         close = getattr(it, "close", None)
@@ -134,7 +146,7 @@ class _MapDocs:
         return self.src[i]
 
 
-class TorchdataCk:
+class TorchdataCk(_Peer):
     name = "torchdata"
 
     def __init__(self, m, total_steps):
@@ -160,16 +172,9 @@ class TorchdataCk:
         st = dl.state_dict()
         return st, _torch_bytes(st)
 
-    def restore(self, state):
-        dl = self.make()
-        dl.load_state_dict(state)
-        return dl
-
-    def close(self, dl):
-        pass
 
 
-class EnergonCk:
+class EnergonCk(_Peer):
     name = "energon"
 
     def __init__(self, m):
@@ -191,16 +196,11 @@ class EnergonCk:
         st = loader.save_state_rank()
         return st, _torch_bytes(st)
 
-    def restore(self, state):
-        L = self.make()
-        L.restore_state_rank(state)
-        return L
-
-    def close(self, loader):
-        pass
+    def _load(self, loader, state):
+        loader.restore_state_rank(state)
 
 
-class StreamingCk:
+class StreamingCk(_Peer):
     name = "streaming"
 
     def __init__(self, m):
@@ -226,13 +226,6 @@ class StreamingCk:
         st = dl.state_dict()
         return st, len(json.dumps(st))
 
-    def restore(self, state):
-        dl = self.make()
-        dl.load_state_dict(state)
-        return dl
-
-    def close(self, dl):
-        pass
 
 
 def child_run(cfg) -> dict:

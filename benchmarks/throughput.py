@@ -49,6 +49,11 @@ import sys
 import time
 from pathlib import Path
 
+try:  # run as `python -m benchmarks.throughput` or as a script (benchmarks/ on sys.path)
+    from benchmarks.common import peak_rss_mib
+except ImportError:
+    from common import peak_rss_mib
+
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,21 +121,6 @@ def read_texts(datasets, ptrs):
 
 
 # --------------------------------------------------------------------------------- accounting
-
-def peak_rss_mib(pid: int | str = "self") -> float | None:
-    """Peak RSS (VmHWM) of a live process, MiB. Not ``ru_maxrss``: on Linux that survives ``execve``,
-    so a subprocess would report its parent's peak when larger."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    if pid == "self":
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return None
-
 
 def worker_pids() -> list[int]:
     import multiprocessing
