@@ -434,7 +434,9 @@ class StreamingDataset(IterableDataset):
 
     def _iter_lane_batches(self):
         """For ``StreamingDataLoader``: this worker's share of the lanes (``split_lanes``), one item per
-        lane micro-batch (a lane's rows of one step) with ``__state__``; the main process reassembles."""
+        step: the list of its lanes' micro-batches (each a lane's rows of that step, with ``__state__``).
+        One item per step per worker keeps torch's round robin in step order and costs one transfer per
+        step, not one per lane; the main process reassembles the rank's batch."""
         from zephon.work import split_lanes
 
         claim = self._channel.current()
@@ -448,10 +450,16 @@ class StreamingDataset(IterableDataset):
         if claim["start"] is not None:
             L.restore(claim["start"])
         try:
+            bundle = []
             for mb in L:
+                if bundle and mb["__step__"] != bundle[0]["__step__"]:
+                    yield bundle
+                    bundle = []
                 if mb["__step__"] >= S:
                     break
-                yield mb
+                bundle.append(mb)
+            if bundle:
+                yield bundle
         finally:
             L.close()
 

@@ -1,8 +1,8 @@
 """``StreamingDataLoader``: a ``torch.utils.data.DataLoader`` whose workers split the rank's lanes.
 
 Each worker runs ``Loader(lanes=split_lanes(rank_lanes, num_workers, worker_id), emit_state=True)``
-and yields one item per lane micro-batch (``batch_size=None`` underneath); torch's round robin over
-the workers gives the rank's own lane order, the main process reassembles each rank batch and
+and yields one item per step, the list of its lanes' micro-batches (``batch_size=None`` underneath);
+torch's round robin over the workers keeps step order, the main process reassembles each rank batch and
 records every lane's entry with ``engine.Progress``, so the state is exactly what the training loop
 received, whatever ``num_workers`` and ``prefetch_factor``.
 """
@@ -29,7 +29,7 @@ class _LaneBatches(IterableDataset):
     def __iter__(self):
         return self.dataset._iter_lane_batches()
 
-    def __len__(self):  # items: one per lane micro-batch
+    def __len__(self):  # an upper bound on items: one per step per worker holding lanes
         return self.dataset.steps_per_epoch * len(self.dataset.rank_lanes)
 
     # Composer looks for the state calls on ``dataloader.dataset``
@@ -89,12 +89,14 @@ class StreamingDataLoader(DataLoader):
             ref.restore(claim["start"])
         progress = Progress(ref)
         n_lanes, lanes = len(ref.lanes), list(ref.lanes)
+        order = {lane: i for i, lane in enumerate(lanes)}
         buf = []
-        for mb in super().__iter__():
+        for mb in (mb for bundle in super().__iter__() for mb in bundle):  # one bundle per worker per step
             progress.observe(mb)
             buf.append(mb)
             if len(buf) < n_lanes:
                 continue
+            buf.sort(key=lambda b: order.get(b["__lane__"], -1))  # workers hold interleaved lanes
             k = buf[0]["__step__"]
             if [b["__lane__"] for b in buf] != lanes or any(b["__step__"] != k for b in buf):
                 raise RuntimeError(f"internal: lane micro-batches out of order at step {k}: "
