@@ -50,9 +50,9 @@ import time
 from pathlib import Path
 
 try:  # run as `python -m benchmarks.throughput` or as a script (benchmarks/ on sys.path)
-    from benchmarks.common import peak_rss_mib
+    from benchmarks.common import cpu_model, peak_rss_mib
 except ImportError:
-    from common import peak_rss_mib
+    from common import cpu_model, peak_rss_mib
 
 import numpy as np
 
@@ -314,17 +314,6 @@ def run_config(args, cfg: str) -> dict | None:
             return json.loads(line[len(RESULT_TAG):])
     sys.stderr.write(f"[{cfg}] failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}\n")
     return None
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def code_version() -> str:

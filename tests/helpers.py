@@ -52,3 +52,19 @@ def run_steps(loaders, steps, hasher):
                 hasher.add(next(it))
     for it in iters:
         it.close()
+
+
+def reference_digests(dirs, tokenizer, steps=None, **kwargs):
+    """Per-step ``StepHasher`` digests of one uninterrupted single-rank core Loader (``make_loader`` with
+    ``kwargs``): ``steps`` global steps, or the whole stream when None (a finite one)."""
+    h = StepHasher()
+    L = make_loader(dirs, tokenizer, **kwargs)
+    try:
+        if steps is None:
+            for mb in L:
+                h.add(mb)
+        else:
+            run_steps([L], steps, h)
+    finally:
+        L.close()
+    return h.digests()

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchdata")
 
 import zephon_torch  # noqa: E402
-from helpers import StepHasher, make_loader, run_steps  # noqa: E402
+from helpers import StepHasher, make_loader, reference_digests  # noqa: E402
 from torch_jobs import R, consume, make_dataset, rows_of, small_corpus, step_digests  # noqa: E402
 from zephon.engine import CheckpointError, merge_states  # noqa: E402
 
@@ -27,11 +27,7 @@ def dirs(corpus):
 
 @pytest.fixture(scope="module")
 def reference(dirs, tokenizer_path):
-    h = StepHasher()
-    L = make_loader(dirs, tokenizer_path)
-    run_steps([L], STEPS, h)
-    L.close()
-    return h.digests()
+    return reference_digests(dirs, tokenizer_path, STEPS)
 
 
 def run_ranks(dirs, tok, dp, num_workers, stop, *, state=None, cls=None, micro_batch=1):

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchdata")
 
-from helpers import StepHasher, make_loader, run_steps  # noqa: E402
+from helpers import reference_digests  # noqa: E402
 from torch_jobs import loader_job, small_corpus, spawn, titan_job  # noqa: E402
 
 STEPS, K = 7, 3
@@ -24,11 +24,7 @@ def dirs(corpus):
 
 @pytest.fixture(scope="module")
 def reference(dirs, tokenizer_path):
-    h = StepHasher()
-    L = make_loader(dirs, tokenizer_path)
-    run_steps([L], STEPS, h)
-    L.close()
-    return {str(s): d for s, d in h.digests().items()}
+    return {str(s): d for s, d in reference_digests(dirs, tokenizer_path, STEPS).items()}
 
 
 def test_checkpoint_on_4_resume_on_2_and_1(dirs, tokenizer_path, reference, tmp_path):
@@ -55,12 +51,7 @@ def test_finite_stream_every_rank_stops_at_the_same_step(corpus, tokenizer_path,
     """exhaustion="stop" on 2 ranks x 2 workers: ranks agree on the last complete step (no rank left
     waiting in a collective), and the steps equal one uninterrupted single-process run's."""
     small = small_corpus(corpus, tmp_path)
-    h = StepHasher()
-    L = make_loader(small, tokenizer_path, exhaustion="stop")
-    for mb in L:
-        h.add(mb)
-    L.close()
-    ref = {str(s): d for s, d in h.digests().items()}
+    ref = {str(s): d for s, d in reference_digests(small, tokenizer_path, exhaustion="stop").items()}
     out = spawn(loader_job, 2, str(tmp_path), dict(dirs=small, tok=tokenizer_path, micro_batch=1, num_workers=2,
                                                    stop=10_000, exhaustion="stop"))
     assert out["digests"] == ref
