@@ -8,7 +8,6 @@ sentinels every ``flush_every_k_chunks`` chunks -> per-lane row buffers -> tail 
 from __future__ import annotations
 
 import logging
-
 import math
 
 from ..ops.batch import Batch, collate
