@@ -195,6 +195,7 @@ def torch_run(paths, tmp_path_factory):
     return run
 
 
+@pytest.mark.contract("torch.distributed")
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_torch_gather_returns_the_merge_of_independently_computed_rank_states(world, torch_run, paths):
     res = torch_run(world)
@@ -206,11 +207,13 @@ def test_torch_gather_returns_the_merge_of_independently_computed_rank_states(wo
         assert [e["lane"] for e in expected["lanes"]] == list(range(8)) and expected["step"] == steps
 
 
+@pytest.mark.contract("torch.distributed")
 @pytest.mark.parametrize("world,dp", [(1, 2), (2, 4), (4, 1)])
 def test_torch_gathered_state_restores_at_another_dp_degree(world, dp, torch_run, paths, reference):
     _assert_restores(paths, torch_run(world)[0]["global2"], dp, reference)
 
 
+@pytest.mark.contract("torch.faults")
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_torch_merge_with_a_missing_lane_is_refused_on_every_rank(world, torch_run):
     for x in torch_run(world):
@@ -219,6 +222,7 @@ def test_torch_merge_with_a_missing_lane_is_refused_on_every_rank(world, torch_r
         assert f"lacks lanes {MISSING_LANES[world]} of 8" in message
 
 
+@pytest.mark.contract("torch.faults")
 @pytest.mark.parametrize("world", [2, 4])
 def test_torch_rank_that_exits_is_named_by_the_others_within_the_timeout(world, torch_run):
     victim = TORCH_VICTIM[world]
@@ -234,6 +238,7 @@ def test_torch_rank_that_exits_is_named_by_the_others_within_the_timeout(world, 
         assert f["elapsed"] <= FAULT_TIMEOUT + SLACK
 
 
+@pytest.mark.contract("torch.faults")
 def test_torch_rank_that_hangs_is_named_by_the_others_after_the_timeout(torch_run):
     survivors = [x for r, x in enumerate(torch_run(4)) if r != TORCH_HUNG]
     for x in survivors:
@@ -244,6 +249,7 @@ def test_torch_rank_that_hangs_is_named_by_the_others_after_the_timeout(torch_ru
         assert FAULT_TIMEOUT * 0.9 <= f["elapsed"] <= FAULT_TIMEOUT + SLACK  # waited the timeout, no longer
 
 
+@pytest.mark.contract("torch.faults")
 def test_torch_rank_absent_when_the_aggregator_is_built_is_named(torch_run):
     survivors = [x for r, x in enumerate(torch_run(4)) if r != TORCH_HUNG]
     for x in survivors:

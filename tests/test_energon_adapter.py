@@ -108,6 +108,7 @@ def energon_samples(path, split_part="train"):
 
 
 # -- content ---------------------------------------------------------------------------------------
+@pytest.mark.contract("energon.format")
 def test_text_samples_equal_energons_per_key_and_each_pass_is_the_split(text_ds):
     ref = energon_samples(text_ds)
     assert len(ref) == 149 and "s00060" not in ref  # 3 tars of 50, one excluded key
@@ -124,6 +125,7 @@ def test_text_samples_equal_energons_per_key_and_each_pass_is_the_split(text_ds)
             assert s.__sources__[0].shard_name == r.__sources__[0].shard_name
 
 
+@pytest.mark.contract("energon.format")
 def test_captioning_samples_equal_energons(cap_ds):
     ref = energon_samples(cap_ds)
     dl = train_loader(cap_ds, batch_size=None, repeat=False, canonical_replicas=2)
@@ -135,6 +137,7 @@ def test_captioning_samples_equal_energons(cap_ds):
         assert s.image.dtype == r.image.dtype and torch.equal(s.image, r.image)
 
 
+@pytest.mark.contract("energon.val")
 def test_val_dataset_is_one_ordered_pass_split_over_ranks(text_ds):
     ref = energon_samples(text_ds, "val")
     got = []
@@ -148,6 +151,7 @@ def test_val_dataset_is_one_ordered_pass_split_over_ranks(text_ds):
 
 
 # -- resume ----------------------------------------------------------------------------------------
+@pytest.mark.contract("energon.savable_loader", "energon.elastic")
 def test_restored_stream_equals_continued_stream(text_ds, tmp_path):
     ref = take(train_loader(text_ds), 60)
     dl = train_loader(text_ds, workers=2)
@@ -168,6 +172,7 @@ def test_restored_stream_equals_continued_stream(text_ds, tmp_path):
     again.close()
 
 
+@pytest.mark.contract("energon.savable_loader", "energon.elastic")
 def test_virtual_epochs_resume_at_the_boundary(text_ds):
     ref = take(train_loader(text_ds), 30)
     dl = train_loader(text_ds, workers=2, virtual_epoch_length=10)
@@ -183,6 +188,7 @@ def test_virtual_epochs_resume_at_the_boundary(text_ds):
     assert [tuple(b.__key__) for b in r] == e3
 
 
+@pytest.mark.contract("energon.savable_loader", "energon.elastic")
 def test_finite_pass_end_state_restores_to_the_next_pass(text_ds):
     dl = train_loader(text_ds, batch_size=None, repeat=False, canonical_replicas=4)
     first = [s.__key__ for s in dl]
@@ -200,6 +206,7 @@ def _global_batches(per_rank, world, steps):
     return [[b for r in range(world) for b in per_rank[r][L * s:L * (s + 1)]] for s in range(steps)]
 
 
+@pytest.mark.contract("energon.elastic", "energon.savable_loader")
 @pytest.mark.parametrize("new_world,new_workers", [(1, 0), (1, 1), (2, 0), (2, 1), (8, 0), (8, 1)])
 def test_elastic_restore_every_global_batch_equals_uninterrupted(text_ds, new_world, new_workers, elastic_save):
     ref, states, k = elastic_save
@@ -268,6 +275,7 @@ def _pack_loader(path, **kw):
     return train_loader(path, task_encoder=PackingTE(), packing_buffer_size=6, **kw)
 
 
+@pytest.mark.contract("energon.task_encoder")
 def test_packing_task_encoder_packs_every_sample_once_per_pass(text_ds):
     ref = energon_samples(text_ds)
     dl = _pack_loader(text_ds, repeat=False, batch_size=3)
@@ -281,6 +289,7 @@ def test_packing_task_encoder_packs_every_sample_once_per_pass(text_ds):
     assert Counter(keys) == Counter(k for k in ref if not k.endswith("7"))  # SkipSample drops, counted
 
 
+@pytest.mark.contract("energon.task_encoder", "energon.elastic")
 def test_packing_is_deterministic_across_resume_and_world_size(text_ds):
     key = lambda b: tuple(tuple(k) for k in b["keys"])  # noqa: E731
     ref = take(_pack_loader(text_ds), 5 * R, key)
@@ -310,6 +319,7 @@ def test_worker_and_rank_without_samples_do_not_hang(text_ds):
     assert time.monotonic() - t < 30
 
 
+@pytest.mark.contract("energon.savable_loader")
 def test_state_of_another_config_is_refused_naming_the_difference(text_ds):
     dl = train_loader(text_ds)
     take(dl, 3)
@@ -327,6 +337,7 @@ def test_state_of_another_config_is_refused_naming_the_difference(text_ds):
         train_loader(text_ds, canonical_replicas=4).restore_state_rank(state)
 
 
+@pytest.mark.contract("energon.savable_loader")
 def test_partial_states_and_foreign_states_fail_loudly(text_ds, elastic_save):
     _ref, states, _k = elastic_save
     dl = train_loader(text_ds, rank=0, world=2)
@@ -338,6 +349,7 @@ def test_partial_states_and_foreign_states_fail_loudly(text_ds, elastic_save):
         dl.restore_state_rank(energon_state)
 
 
+@pytest.mark.contract("energon.keywords")
 def test_refused_keywords_say_why(text_ds):
     with pytest.raises(ze.RefusedKeyword, match="shuffle_over_epochs_multiplier"):
         train_loader(text_ds, shuffle_over_epochs_multiplier=2)
@@ -350,6 +362,7 @@ def test_refused_keywords_say_why(text_ds):
 
 
 # -- metadataset ---------------------------------------------------------------------------------
+@pytest.mark.contract("energon.metadataset")
 def test_metadataset_blend_samples_equal_energons(text_ds, cap_ds, tmp_path):
     from zephon.formats import energon as efmt
 
@@ -380,6 +393,7 @@ def test_metadataset_blend_samples_equal_energons(text_ds, cap_ds, tmp_path):
 
 
 # -- Megatron-LM provider --------------------------------------------------------------------------
+@pytest.mark.contract("energon.megatron")
 def test_megatron_provider_resumes_at_another_world_size_and_fails_loudly(text_ds, tmp_path):
     from types import SimpleNamespace
 
@@ -421,6 +435,7 @@ def _val_batches(lib, path, rank, world, workers, bs, loader="get_loader", **kw)
     return dl, [list(b.__key__) for b in dl]
 
 
+@pytest.mark.contract("energon.val", "energon.savable_loader")
 def test_savable_loader_honours_val_limit_like_energon(text_ds):
     for world, workers in [(1, 0), (2, 2)]:
         for r in range(world):
@@ -443,6 +458,7 @@ def test_savable_loader_honours_val_limit_like_energon(text_ds):
     assert [list(b.__key__) for b in again] == full
 
 
+@pytest.mark.contract("energon.val")
 @pytest.mark.parametrize("world,workers,bs", [(4, 2, 5), (2, 0, 4), (2, 3, 3)])
 def test_val_batches_are_full_and_rank_counts_match_energon(text_ds, world, workers, bs):
     """50 val samples: Energon splits them into world_size x num_workers near-equal slices; Zephon's default
@@ -489,6 +505,7 @@ def _vel_run(lib, path, cut):
     return head, [[tuple(b.__key__) for b in dl2] for _ in range(2)]
 
 
+@pytest.mark.contract("energon.savable_loader")
 def test_virtual_epoch_interrupted_resumes_its_remainder_like_energon(text_ds):
     ref_head, ref_tail = _vel_run(me, text_ds, 3)
     head, tail = _vel_run(ze, text_ds, 3)
@@ -511,6 +528,7 @@ def test_virtual_epoch_interrupted_resumes_its_remainder_like_energon(text_ds):
         assert len(list(dl)) == 3 - r and len(list(dl)) == 5
 
 
+@pytest.mark.contract("energon.keywords")
 def test_subflavors_keyword_merges_like_energon(text_ds, tmp_path):
     def first(lib, path, fn="get_train_dataset", **kw):
         w = lib.WorkerConfig(rank=0, world_size=1, num_workers=0)

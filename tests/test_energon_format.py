@@ -96,6 +96,7 @@ def same(a, b) -> bool:
 # ------------------------------------------------------------------------------------------ equality
 
 
+@pytest.mark.contract("energon.format")
 def test_text_split_content_equals_energon_loader(data):
     """Full Energon loader path (get_val_dataset + get_loader): every key, text and restore index equal."""
     from megatron.energon import get_loader, get_val_dataset
@@ -123,6 +124,7 @@ def test_text_split_content_equals_energon_loader(data):
     assert set(zephon_samples(val)) == data["text_keys"]["val"]
 
 
+@pytest.mark.contract("energon.format")
 def test_image_caption_content_equals_energon(data):
     ds = open_dataset(data["images"], split_part="train")
     assert ds.energon["field_map"] == {"image": "jpg,png", "caption": "txt"}
@@ -139,6 +141,7 @@ def test_image_caption_content_equals_energon(data):
     assert any("png" in r["__parts__"] for r in ours.values())
 
 
+@pytest.mark.contract("energon.format")
 def test_crude_parts_equal_energon(data):
     ds = open_dataset(data["crude"], split_part="train")
     assert ds.energon["crude"] and ds.energon["part_filter"] == ["jpg", "png", "txt", "cls", "npy"]
@@ -157,6 +160,7 @@ def test_crude_parts_equal_energon(data):
                                                                                           "ndarray"}
 
 
+@pytest.mark.contract("energon.format")
 def test_json_paths_and_alternatives_equal_energon(data):
     ds = open_dataset(data["textjson"])
     ours = zephon_samples(ds)
@@ -178,6 +182,7 @@ def test_other_image_decodes_and_raw(data):
     assert isinstance(rec["__parts__"]["txt"], bytes) and rec["__parts__"]["jpg"][:2] == b"\xff\xd8"
 
 
+@pytest.mark.contract("energon.format")
 def test_epoch_holds_split_minus_exclude_and_indices_skip_excluded(data):
     ds = open_dataset(data["text"], split_part="train")
     # text-003.tar excluded as a whole; text-000 loses t0002, text-001 loses t0011; "nokey" ignored
@@ -210,6 +215,7 @@ def test_keys_from_headers_equal_keys_from_sqlite(data, tmp_path):
         [b.sample_key(s, i) for s in range(3) for i in range(b.shard_sizes[s])]
 
 
+@pytest.mark.contract("energon.format")
 def test_legacy_info_yaml_and_split_json(data, tmp_path):
     import json
 
@@ -233,6 +239,7 @@ def test_legacy_info_yaml_and_split_json(data, tmp_path):
 # ------------------------------------------------------------------------------------------ metadataset
 
 
+@pytest.mark.contract("energon.metadataset")
 def test_metadataset_leaves_equal_energon(data):
     from megatron.energon.epathlib import EPath
     from megatron.energon.metadataset.loader import load_dataset, traverse_metadataset
@@ -259,6 +266,7 @@ def test_metadataset_leaves_equal_energon(data):
     assert len(val) == 1 and val[0]["weight"] is None and val[0]["path"] == data["images"]
 
 
+@pytest.mark.contract("energon.metadataset")
 def test_subset_keys_equal_energon_loader(data, tmp_path):
     """A metadataset leaf subset, applied with with_subset, holds the keys Energon's loader yields for it."""
     import yaml
@@ -276,6 +284,7 @@ def test_subset_keys_equal_energon_loader(data, tmp_path):
     assert [m.name for m in ds.metas] == ["text-000.tar", "text-001.tar"]
 
 
+@pytest.mark.contract("energon.metadataset")
 def test_metadataset_blend_epochized(data, tmp_path):
     import yaml
     from megatron.energon.epathlib import EPath
@@ -304,6 +313,7 @@ def test_metadataset_blend_epochized(data, tmp_path):
 # ------------------------------------------------------------------------------------------ parsing
 
 
+@pytest.mark.contract("energon.format")
 def test_yaml_scalars_typed_like_energon():
     from megatron.energon.eyaml import load_yaml
 
@@ -320,6 +330,7 @@ def test_braceexpand_like_energon():
         assert zen.braceexpand(p) == list(braceexpand.braceexpand(p)), p
 
 
+@pytest.mark.contract("energon.format")
 def test_split_name_like_energon():
     from megatron.energon.flavors.webdataset.config import skip_meta_re, split_name_re
 
@@ -330,6 +341,7 @@ def test_split_name_like_energon():
         assert zwds.split_name(name) == expect, name
 
 
+@pytest.mark.contract("energon.format")
 def test_decode_part_like_webdataset_decoder():
     import gzip
     import io

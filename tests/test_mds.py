@@ -175,6 +175,7 @@ def every_encoding_reference(every_encoding):
 # ---------------------------------------------------------------- decoded values equal streaming's
 
 
+@pytest.mark.contract("streaming.mds_format")
 def test_every_encoding_equals_streaming(every_encoding, every_encoding_reference):
     ds = open_dataset(every_encoding, allow_unsafe_types=True)  # format auto-detected
     assert isinstance(ds, mds.MdsDataset)
@@ -188,6 +189,7 @@ def test_every_encoding_equals_streaming(every_encoding, every_encoding_referenc
     assert type(r["s_uint64"]) is np.uint64 and type(r["jarr"]) is list
 
 
+@pytest.mark.contract("streaming.mds_format")
 def test_columns_projection_decodes_only_requested(every_encoding, every_encoding_reference):
     ds = open_dataset(every_encoding, format="mds", columns=["text", "arr_fixed"])
     got = zephon_records(ds)
@@ -200,6 +202,7 @@ def test_columns_projection_decodes_only_requested(every_encoding, every_encodin
         open_dataset(every_encoding, columns=["nope"], allow_unsafe_types=True)
 
 
+@pytest.mark.contract("streaming.mds_format")
 def test_pkl_refused_without_the_flag(tmp_path):
     _streaming()
     d = write_mds(tmp_path / "p", {"a": "str", "obj": "pkl"}, [{"a": "x", "obj": [1, 2]}] * 3)
@@ -211,6 +214,7 @@ def test_pkl_refused_without_the_flag(tmp_path):
     assert open_dataset(d, allow_unsafe_types=True).read(0, [2]) == [{"a": "x", "obj": [1, 2]}]
 
 
+@pytest.mark.contract("streaming.mds_format")
 @pytest.mark.parametrize("compression", ["zstd", "zstd:7", "gz", "gz:1", "bz2", "br", "br:3", "snappy"])
 def test_compressed_shards_equal_streaming(tmp_path, compression):
     samples = [{"text": f"doc {i} " + "x" * (i * 7 % 50), "arr": np.arange(i % 5 + 1, dtype=np.int64) * i,
@@ -233,6 +237,7 @@ def test_compressed_shards_equal_streaming(tmp_path, compression):
     assert {c: os.stat(cache / "mds" / c).st_mtime_ns for c in os.listdir(cache / "mds")} == stamps
 
 
+@pytest.mark.contract("streaming.mds_format")
 def test_compressed_shard_with_its_raw_file_present_reads_the_raw_file(tmp_path):
     samples = [{"text": f"doc {i}"} for i in range(30)]
     d = write_mds(tmp_path / "z", {"text": "str"}, samples, compression="zstd", size_limit=200)
@@ -252,6 +257,7 @@ def test_compressed_shard_with_its_raw_file_present_reads_the_raw_file(tmp_path)
     assert ds.fingerprint() == ds0.fingerprint()  # identity from index.json, not from which file is read
 
 
+@pytest.mark.contract("streaming.mds_format")
 @pytest.mark.parametrize("compression", [None, "zstd"])
 def test_hash_validation(tmp_path, compression):
     samples = [{"text": f"doc {i} " * 5, "n": i} for i in range(30)]
@@ -285,6 +291,7 @@ def test_hash_validation(tmp_path, compression):
         assert [f"sample {k}" in r["__error__"] for k, r in enumerate(recs)] == [True, True]
 
 
+@pytest.mark.contract("streaming.mds_format")
 def test_hash_algorithms_streaming_offers_are_accepted(tmp_path):
     algos = sorted(["md5", "sha256", "sha3_256", "blake2b", "blake2s", "xxh32", "xxh128", "xxh3_64", "xxh3_128",
                     "sha512"])
@@ -293,6 +300,7 @@ def test_hash_algorithms_streaming_offers_are_accepted(tmp_path):
         assert open_dataset(d, validate_hash=algo).read(0, [1]) == [{"text": "b"}]
 
 
+@pytest.mark.contract("streaming.mds_format")
 def test_split_layout(tmp_path):
     root = tmp_path / "root"
     for split, n in (("train", 25), ("val", 7)):
@@ -317,6 +325,7 @@ def test_split_layout(tmp_path):
     assert open_dataset(root / "val" / "index.json").num_samples == 7
 
 
+@pytest.mark.contract("streaming.mds_format")
 def test_fingerprint_from_index_content(tmp_path):
     d = write_mds(tmp_path / "f", {"text": "str"}, [{"text": str(i)} for i in range(10)], hashes=["sha1"],
                   size_limit=100)
@@ -335,6 +344,7 @@ def test_fingerprint_from_index_content(tmp_path):
 # ---------------------------------------------------------------- random access
 
 
+@pytest.mark.contract("streaming.mds_format")
 def test_random_access_is_order_independent_and_thread_safe(every_encoding, every_encoding_reference):
     ds = open_dataset(every_encoding, allow_unsafe_types=True)
     starts = np.concatenate([[0], np.cumsum(ds.shard_sizes)])

@@ -135,6 +135,7 @@ def gather_states(dsets, num_samples, from_beginning=True):
 
 
 # -- order and epochs ------------------------------------------------------------------------------
+@pytest.mark.contract("streaming.epochs")
 def test_repeated_runs_same_order_and_one_pass_multiset(data):
     (o1, ds1), (o2, _) = oracle(data), oracle(data)
     assert o1 == o2
@@ -149,6 +150,7 @@ def test_repeated_runs_same_order_and_one_pass_multiset(data):
     assert e0 != e1 and e0[:GBS] != e1[:GBS]
 
 
+@pytest.mark.contract("streaming.epochs")
 @pytest.mark.parametrize("size", [2, 4])
 def test_world_sizes_give_same_global_batches_and_equal_len(data, size):
     o, ds1 = oracle(data, epochs=1)
@@ -161,6 +163,7 @@ def test_world_sizes_give_same_global_batches_and_equal_len(data, size):
 
 
 # -- resume ----------------------------------------------------------------------------------------
+@pytest.mark.contract("streaming.resume", "streaming.dataloader")
 @pytest.mark.parametrize("workers", [0, 2])
 def test_mid_epoch_resume_continues_exactly(data, workers):
     o, _ = oracle(data)
@@ -178,6 +181,7 @@ def test_mid_epoch_resume_continues_exactly(data, workers):
     assert nxt == o[1], "the loaded state is used once: the next __iter__ is epoch 1"
 
 
+@pytest.mark.contract("streaming.resume")
 def test_end_of_epoch_checkpoint_does_not_replay(data):
     o, _ = oracle(data)
     ds = make(data)
@@ -203,6 +207,7 @@ def elastic_ckpt(data):
     return o, json.loads(json.dumps(state))
 
 
+@pytest.mark.contract("streaming.elastic", "streaming.dataloader")
 @pytest.mark.parametrize("new_world,workers", [(1, 0), (1, 2), (2, 0), (2, 2), (8, 0), (8, 2)])
 def test_elastic_resume_from_world_4(data, elastic_ckpt, new_world, workers):
     o, state = elastic_ckpt
@@ -214,6 +219,7 @@ def test_elastic_resume_from_world_4(data, elastic_ckpt, new_world, workers):
     assert len(rest) == len(dsets[0]) // dsets[0].batch_size - 7
 
 
+@pytest.mark.contract("streaming.dataloader", "streaming.elastic")
 def test_streaming_dataloader_exact_state_with_prefetch(data, elastic_ckpt):
     o, ref_state = elastic_ckpt
     dsets = [make(data, r, 4, run_id="sdl4") for r in range(4)]
@@ -276,6 +282,7 @@ def composer_fit(data, ckpt=None, stop_at=None, epochs=2):
     return seen, saved, model
 
 
+@pytest.mark.contract("streaming.resume", "streaming.epochs")
 @pytest.mark.parametrize("stop_at", [(0, 9), (1, 0)], ids=["mid-epoch", "epoch-end"])
 def test_composer_shaped_loop_resumes_with_identical_batches(data, stop_at):
     full, _, m_full = composer_fit(data)
@@ -289,6 +296,7 @@ def test_composer_shaped_loop_resumes_with_identical_batches(data, stop_at):
 
 
 # -- keywords, mixture, text pipeline --------------------------------------------------------------
+@pytest.mark.contract("streaming.keywords")
 @pytest.mark.parametrize("kw,fragment", [
     ({"sampling_method": "fixed"}, "sampling_method='fixed'"),
     ({"sampling_granularity": 4}, "sampling_granularity=4"),
@@ -307,6 +315,7 @@ def test_refused_keywords_say_why_and_what_to_use(data, kw, fragment):
     assert fragment in str(e.value)
 
 
+@pytest.mark.contract("streaming.state_dict")
 def test_state_is_json_and_other_config_is_refused(data):
     ds = make(data)
     it = iter(DataLoader(ds, batch_size=GBS))
@@ -332,6 +341,7 @@ def test_state_is_json_and_other_config_is_refused(data):
         ds.state_dict(GBS + 1, True)
 
 
+@pytest.mark.contract("streaming.mixture")
 def test_stream_weights_map_to_the_mixture(data):
     ds = make(data, streams=[Stream(local=data["a"], proportion=3), Stream(local=data["b"], proportion=1)],
               local=None, epoch_size=320)
@@ -369,6 +379,7 @@ def test_text_pipeline_packs_rows_elastically(data, tokenizer_path):
     assert two == [s["input_ids"].tolist() for s in one]
 
 
+@pytest.mark.contract("streaming.mds_format")
 def test_mds_shards_written_by_mdswriter(tmp_path):
     import importlib.util
 
@@ -390,6 +401,7 @@ def test_mds_shards_written_by_mdswriter(tmp_path):
     assert len(got) == len(ds) and set(got) <= set(want) and len(want) == 200
 
 
+@pytest.mark.contract("streaming.mixture", "streaming.elastic")
 def test_replication_gives_replica_ranks_identical_batches(data):
     o, _ = oracle(data, epochs=1)
     dsets = [make(data, r, 4, replication=2, batch_size=8, run_id="rep") for r in range(4)]

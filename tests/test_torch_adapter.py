@@ -43,6 +43,7 @@ def run_ranks(dirs, tok, dp, num_workers, stop, *, state=None, cls=None, micro_b
     return rows, merge_states(states)
 
 
+@pytest.mark.contract("torch.dataloader")
 @pytest.mark.parametrize("cls", ["DataLoader", "StatefulDataLoader"])
 @pytest.mark.parametrize("num_workers", [0, 2, 3])
 def test_workers_reproduce_the_global_batches(dirs, tokenizer_path, reference, cls, num_workers):
@@ -50,6 +51,7 @@ def test_workers_reproduce_the_global_batches(dirs, tokenizer_path, reference, c
     assert step_digests(rows) == reference
 
 
+@pytest.mark.contract("torch.stateful")
 @pytest.mark.parametrize("save_workers,resume", [(2, [(1, 0), (4, 3)]), (0, [(8, 2), (2, 1)])])
 def test_resume_at_other_worker_counts_and_dp(dirs, tokenizer_path, reference, save_workers, resume):
     _, state = run_ranks(dirs, tokenizer_path, 2, save_workers, 3)
@@ -62,6 +64,7 @@ def test_resume_at_other_worker_counts_and_dp(dirs, tokenizer_path, reference, s
         assert got == {s: reference[s] for s in range(3, STEPS)}, (dp, nw)
 
 
+@pytest.mark.contract("torch.stateful")
 def test_mid_step_checkpoint_resumes_exactly(dirs, tokenizer_path, reference):
     """Stop after micro-batch 0 of step 2 (micro_batch 1: 2 micro-batches per step), resume elsewhere."""
     states, before = [], []
@@ -78,6 +81,7 @@ def test_mid_step_checkpoint_resumes_exactly(dirs, tokenizer_path, reference):
     assert step_digests(before + after) == reference
 
 
+@pytest.mark.contract("torch.dataloader")
 def test_new_iter_continues_where_consumption_stopped(dirs, tokenizer_path, reference):
     dl = zephon_torch.DataLoader(make_dataset(dirs, tokenizer_path, dp=1, rank=0), num_workers=2)
     rows = consume(dl, 2, 2)  # workers prefetched beyond this: those rows must not be lost
@@ -85,6 +89,7 @@ def test_new_iter_continues_where_consumption_stopped(dirs, tokenizer_path, refe
     assert step_digests(rows) == {s: reference[s] for s in range(5)}
 
 
+@pytest.mark.contract("torch.dataloader")
 def test_plain_torch_dataloader_round_robin_is_the_rank_order(dirs, tokenizer_path):
     ds = make_dataset(dirs, tokenizer_path, dp=2, rank=1)
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
@@ -97,6 +102,7 @@ def test_plain_torch_dataloader_round_robin_is_the_rank_order(dirs, tokenizer_pa
     assert seen == [(s, j, lane) for s in range(3) for j in range(2) for lane in lanes]
 
 
+@pytest.mark.contract("torch.stateful")
 def test_other_config_and_missing_lanes_are_refused(dirs, tokenizer_path):
     dl = zephon_torch.StatefulDataLoader(make_dataset(dirs, tokenizer_path, dp=2, rank=0), num_workers=0)
     consume(dl, 1, 2)
@@ -125,6 +131,7 @@ def test_bad_arguments_are_refused(dirs, tokenizer_path):
         zephon_torch.DataLoader(list(range(3)))
 
 
+@pytest.mark.contract("torchtitan.loader")
 def test_torchtitan_loader_contract(corpus, tokenizer_path):
     from zephon_torch.titan import STATE_KEY, ZephonTextDataLoader
 
@@ -152,6 +159,7 @@ def test_torchtitan_loader_contract(corpus, tokenizer_path):
     again.load_state_dict({})  # empty is a fresh start, as in torchtitan
 
 
+@pytest.mark.contract("torchtitan.loader")
 def test_torchtitan_labels_are_shifted_within_documents(corpus, tokenizer_path):
     from zephon_torch.titan import ZephonTextDataLoader
 
@@ -169,6 +177,7 @@ def test_torchtitan_labels_are_shifted_within_documents(corpus, tokenizer_path):
                 assert (x[i, t + 1:] == 0).all()
 
 
+@pytest.mark.contract("torch.finite")
 @pytest.mark.parametrize("num_workers", [0, 3])
 def test_finite_stream_ends_at_the_single_rank_step(corpus, tokenizer_path, tmp_path, num_workers):
     """exhaustion="stop": workers' lanes run out at different steps; the rank stops at the first step

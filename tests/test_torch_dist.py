@@ -27,6 +27,7 @@ def reference(dirs, tokenizer_path):
     return {str(s): d for s, d in reference_digests(dirs, tokenizer_path, STEPS).items()}
 
 
+@pytest.mark.contract("torch.distributed", "torch.stateful")
 def test_checkpoint_on_4_resume_on_2_and_1(dirs, tokenizer_path, reference, tmp_path):
     spec = dict(dirs=dirs, tok=tokenizer_path, micro_batch=1)
     ckpt = str(tmp_path / "ckpt4.json")
@@ -38,6 +39,7 @@ def test_checkpoint_on_4_resume_on_2_and_1(dirs, tokenizer_path, reference, tmp_
         assert out["digests"] == {str(s): reference[str(s)] for s in range(K, STEPS)}, (world, nw)
 
 
+@pytest.mark.contract("torch.distributed", "torch.stateful")
 def test_checkpoint_on_2_resume_on_4(dirs, tokenizer_path, reference, tmp_path):
     spec = dict(dirs=dirs, tok=tokenizer_path)
     ckpt = str(tmp_path / "ckpt2.json")
@@ -47,6 +49,7 @@ def test_checkpoint_on_2_resume_on_4(dirs, tokenizer_path, reference, tmp_path):
     assert out["digests"] == {str(s): reference[str(s)] for s in range(K, STEPS)}
 
 
+@pytest.mark.contract("torch.finite")
 def test_finite_stream_every_rank_stops_at_the_same_step(corpus, tokenizer_path, tmp_path):
     """exhaustion="stop" on 2 ranks x 2 workers: ranks agree on the last complete step (no rank left
     waiting in a collective), and the steps equal one uninterrupted single-process run's."""
@@ -57,6 +60,7 @@ def test_finite_stream_every_rank_stops_at_the_same_step(corpus, tokenizer_path,
     assert out["digests"] == ref
 
 
+@pytest.mark.contract("torchtitan.dcp_resume")
 def test_torchtitan_loop_dcp_resume(corpus, tokenizer_path, tmp_path):
     """Uninterrupted dp=2 run vs. dp=2 checkpointed at step 3 (DCP: model + optimizer + data loader) and
     resumed at dp=2 (identical losses, exactly) and at dp=1 and dp=4 (identical global batches)."""
