@@ -1,0 +1,171 @@
+"""The environments of ``manifest.toml``: parse, build one virtual environment each, run the contract tests.
+
+A built environment carries a stamp (SHA-256 of its manifest entry, the interpreter and pyproject.toml);
+a later run reuses it only while the stamp matches, and ``fresh=True`` always rebuilds.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .contracts import HOSTS
+
+REPO = Path(__file__).resolve().parent.parent
+MANIFEST = Path(__file__).resolve().parent / "manifest.toml"
+# Packages whose installed versions the matrix reports, in this order.
+REPORTED = ["torch", "torchvision", "torchdata", "mosaicml", "mosaicml-streaming", "megatron-energon",
+            "webdataset", "torchtitan", "numpy", "pyarrow", "tokenizers"]
+
+
+class EnvError(RuntimeError):
+    """An environment could not be built or its tests could not run; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    name: str
+    python: str               # "X.Y"
+    install: tuple[str, ...]  # pip arguments, run from the repository root
+    hosts: tuple[str, ...]    # contract groups run here
+    why: str
+
+
+def load_manifest(path: Path = MANIFEST) -> list[EnvSpec]:
+    """Parse ``manifest.toml`` into ``EnvSpec``s, in file order.
+
+    Raises ValueError naming the entry and the key for a missing or unknown key, an unknown host or a
+    duplicate name."""
+    with open(path, "rb") as fh:
+        data = tomllib.load(fh)
+    specs, keys = [], {"name", "python", "install", "hosts", "why"}
+    for k, e in enumerate(data.get("env", [])):
+        label = f"{path.name}: env #{k + 1} ({e.get('name', '?')})"
+        if set(e) != keys:
+            raise ValueError(f"{label}: keys must be {sorted(keys)}; missing {sorted(keys - set(e))}, "
+                             f"unknown {sorted(set(e) - keys)}")
+        bad = [h for h in e["hosts"] if h not in HOSTS]
+        if bad:
+            raise ValueError(f"{label}: unknown hosts {bad}; known: {sorted(HOSTS)}")
+        specs.append(EnvSpec(e["name"], str(e["python"]), tuple(e["install"]), tuple(e["hosts"]), e["why"]))
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{path.name}: duplicate env names in {names}")
+    if not specs:
+        raise ValueError(f"{path.name}: no [[env]] entries")
+    return specs
+
+
+def find_python(version: str) -> str:
+    """Path of a CPython ``version`` ("X.Y") interpreter: ``pythonX.Y`` on PATH, else pyenv's.
+    Raises EnvError listing where it looked."""
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    candidates = [sys.executable] if version == here else []
+    candidates += [shutil.which(f"python{version}") or ""]
+    candidates += sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python{version}")),
+                         reverse=True)
+    for c in candidates:
+        if not c:
+            continue
+        try:  # a pyenv shim can exist and still refuse to run
+            out = subprocess.run([c, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                 capture_output=True, text=True, timeout=60)
+        except OSError:
+            continue
+        if out.returncode == 0 and out.stdout.strip() == version:
+            return c
+    raise EnvError(f"no CPython {version}: looked for python{version} on PATH and in ~/.pyenv/versions")
+
+
+def stamp(spec: EnvSpec, python: str) -> str:
+    h = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode())
+    h.update(python.encode())
+    h.update((REPO / "pyproject.toml").read_bytes())
+    return h.hexdigest()
+
+
+def _tail(path: Path, n: int = 3) -> str:
+    lines = [l for l in path.read_text(errors="replace").splitlines() if l.strip() and "WARNING: Location" not in l]
+    return " | ".join(lines[-n:])
+
+
+def build(spec: EnvSpec, root: Path, *, fresh: bool = False, log=print) -> Path:
+    """Create (or reuse) ``root/<name>`` and pip-install ``spec.install`` into it, from the repository
+    root; "." entries are installed editable so the tests import the working tree.
+    Returns the environment's python. Raises EnvError with the last lines of pip's log."""
+    python = find_python(spec.python)
+    venv = root / spec.name
+    want = stamp(spec, python)
+    stamp_file = venv / "zephon-compat-stamp"
+    if not fresh and stamp_file.exists() and stamp_file.read_text() == want:
+        log(f"[{spec.name}] reusing {venv} (stamp matches; --fresh rebuilds)")
+        return venv / "bin" / "python"
+    if venv.exists():
+        shutil.rmtree(venv)
+    root.mkdir(parents=True, exist_ok=True)
+    logfile = root / f"{spec.name}.install.log"
+    args = []
+    for a in spec.install:
+        args += ["-e", a] if a.startswith(".") else [a]
+    t0 = time.monotonic()
+    with open(logfile, "w") as fh:
+        for cmd in ([python, "-m", "venv", str(venv)], [str(venv / "bin" / "python"), "-m", "pip", "install", *args]):
+            log(f"[{spec.name}] {' '.join(cmd)}")
+            fh.write(f"$ {' '.join(cmd)}\n")
+            fh.flush()
+            try:
+                rc = subprocess.run(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, timeout=3600).returncode
+            except subprocess.TimeoutExpired:
+                raise EnvError(f"install timed out after 3600 s (log: {logfile})") from None
+            if rc != 0:
+                fh.flush()
+                raise EnvError(f"`{' '.join(cmd[-len(args):]) if 'pip' in cmd else 'venv'}` exited {rc}: "
+                               f"{_tail(logfile)} (log: {logfile})")
+    stamp_file.write_text(want)
+    log(f"[{spec.name}] installed in {time.monotonic() - t0:.0f} s")
+    return venv / "bin" / "python"
+
+
+def versions(python: Path) -> dict[str, str]:
+    """Python version and installed versions of ``REPORTED`` packages ("" when absent) in that env."""
+    code = ("import importlib.metadata as m, json, platform, sys\n"
+            "v = {'python': platform.python_version()}\n"
+            f"for p in {REPORTED!r}:\n"
+            "    try: v[p] = m.version(p)\n"
+            "    except m.PackageNotFoundError: v[p] = ''\n"
+            "print(json.dumps(v))")
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise EnvError(f"cannot read versions: {out.stderr.strip()[-300:]}")
+    return json.loads(out.stdout)
+
+
+def run_tests(spec: EnvSpec, python: Path, root: Path, *, log=print, pytest_args=()) -> dict:
+    """Run the contract tests of ``spec.hosts`` with ``python -m pytest`` and the recording plugin.
+    Returns the plugin's report (``exitstatus``, ``tests``, ``collect_errors``) plus ``log``.
+    Raises EnvError when pytest wrote no report (crash, timeout)."""
+    report = root / f"{spec.name}.report.json"
+    logfile = root / f"{spec.name}.pytest.log"
+    report.unlink(missing_ok=True)
+    cmd = [str(python), "-m", "pytest", "-p", "compat_matrix.pytest_plugin", "-p", "no:cacheprovider",
+           "--contract-hosts", ",".join(spec.hosts), "--compat-report", str(report), "-q", *pytest_args]
+    env = dict(os.environ, TQDM_DISABLE="1", PYTHONPATH=str(REPO))
+    log(f"[{spec.name}] {' '.join(cmd[1:])}")
+    with open(logfile, "w") as fh:
+        try:
+            rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=3600).returncode
+        except subprocess.TimeoutExpired:
+            raise EnvError(f"pytest timed out after 3600 s (log: {logfile})") from None
+    if not report.exists():
+        raise EnvError(f"pytest exited {rc} without a report: {_tail(logfile)} (log: {logfile})")
+    data = json.loads(report.read_text())
+    data["log"] = str(logfile)
+    return data

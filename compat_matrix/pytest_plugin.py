@@ -1,0 +1,98 @@
+"""pytest plugin the harness loads in each environment (``-p compat_matrix.pytest_plugin``).
+
+``--contract-hosts a,b`` keeps only tests tagged ``@pytest.mark.contract`` with a row of those hosts;
+``--compat-report PATH`` writes one JSON record per test: node id, contract rows, outcome
+("passed" | "failed" | "skipped") and a one-line reason, plus collection errors. Without the options the
+plugin does nothing, so loading it never changes a normal run.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("compat_matrix")
+    g.addoption("--contract-hosts", default=None, help="comma-separated hosts: run only their contract tests")
+    g.addoption("--compat-report", default=None, help="write per-test contract outcomes to this JSON file")
+
+
+def contract_ids(item) -> list[str]:
+    return [i for m in item.iter_markers("contract") for i in m.args]
+
+
+def pytest_configure(config):
+    if config.getoption("--compat-report"):
+        config.pluginmanager.register(_Recorder(config), "compat_matrix_recorder")
+
+
+def pytest_collection_modifyitems(config, items):
+    hosts = config.getoption("--contract-hosts")
+    if hosts is None:
+        return
+    wanted = {h.strip() for h in hosts.split(",") if h.strip()}
+    keep, drop = [], []
+    for item in items:
+        ids = contract_ids(item)
+        (keep if any(i.split(".", 1)[0] in wanted for i in ids) else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def one_line(text: str, limit: int = 200) -> str:
+    """The first non-empty line of ``text``, shortened to ``limit`` characters."""
+    for line in str(text).splitlines():
+        line = line.strip()
+        if line:
+            return line if len(line) <= limit else line[: limit - 1] + "…"
+    return ""
+
+
+def _reason(report) -> str:
+    if report.skipped:
+        lr = report.longrepr
+        msg = lr[2] if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
+        return one_line(msg.removeprefix("Skipped: "))
+    crash = getattr(report.longrepr, "reprcrash", None)
+    return one_line(crash.message if crash is not None else str(report.longrepr))
+
+
+class _Recorder:
+    def __init__(self, config):
+        self.path = config.getoption("--compat-report")
+        self.tests: dict[str, dict] = {}
+        self.collect_errors: list[dict] = []
+
+    def pytest_collection_finish(self, session):  # after deselection: the tests that will run
+        for item in session.items:
+            self.tests[item.nodeid] = {"id": item.nodeid, "contracts": contract_ids(item), "outcome": "not run",
+                                       "reason": "", "seconds": 0.0}
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self.collect_errors.append({"id": report.nodeid, "reason": _reason(report)})
+
+    def pytest_runtest_logreport(self, report):
+        rec = self.tests.get(report.nodeid)
+        if rec is None:
+            return
+        rec["seconds"] = round(rec["seconds"] + report.duration, 3)
+        if report.failed:
+            if rec["outcome"] != "failed":  # the first failing phase carries the cause
+                rec["outcome"], rec["reason"] = "failed", _reason(report)
+        elif report.skipped and rec["outcome"] == "not run":
+            rec["outcome"], rec["reason"] = "skipped", _reason(report)
+        elif report.when == "call" and report.passed and rec["outcome"] == "not run":
+            rec["outcome"] = "passed"
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        tests = self.tests
+        collected = [t for t in tests.values() if t["contracts"]]
+        out = {"exitstatus": int(exitstatus), "tests": collected, "collect_errors": self.collect_errors}
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(out, fh, indent=1)
+        os.replace(tmp, self.path)

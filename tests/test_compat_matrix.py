@@ -1,0 +1,155 @@
+"""The compatibility-matrix harness (compat_matrix/): manifest, the recording pytest plugin, the cell
+rules and the committed MATRIX.md / MATRIX.json."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from compat_matrix import envs as E
+from compat_matrix import matrix
+from compat_matrix.contracts import BY_ID, CONTRACTS, HOSTS
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_manifest_has_the_issue_environments_and_default_is_the_readme_install():
+    specs = {s.name: s for s in E.load_manifest()}
+    assert {"default", "composer-0.32.1", "energon-7.3.2", "py3.13"} <= set(specs)
+    readme_first = next(l for l in (REPO / "README.md").read_text().splitlines() if "pip install" in l)
+    assert "-e '.[dev]'" in readme_first and specs["default"].install == (".[dev]",)
+    assert specs["default"].python == "3.11" and set(specs["default"].hosts) == set(HOSTS)
+    assert "mosaicml==0.32.1" in specs["composer-0.32.1"].install
+    assert any(a.startswith("megatron-energon==7.3.") for a in specs["energon-7.3.2"].install)
+    assert specs["py3.13"].python == "3.13"
+
+
+def test_manifest_errors_name_the_entry(tmp_path):
+    bad = tmp_path / "m.toml"
+    bad.write_text('[[env]]\nname = "x"\npython = "3.11"\ninstall = []\nhosts = ["nope"]\nwhy = ""\n')
+    with pytest.raises(ValueError, match=r"env #1 \(x\): unknown hosts \['nope'\]"):
+        E.load_manifest(bad)
+    bad.write_text('[[env]]\nname = "x"\npython = "3.11"\n')
+    with pytest.raises(ValueError, match=r"missing \['hosts', 'install', 'why'\]"):
+        E.load_manifest(bad)
+
+
+def test_find_python():
+    v = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert E.find_python(v) == sys.executable
+    with pytest.raises(E.EnvError, match="no CPython 2.1"):
+        E.find_python("2.1")
+
+
+def test_plugin_records_outcomes_reasons_and_selects_by_host(tmp_path):
+    (tmp_path / "test_x.py").write_text(textwrap.dedent('''
+        import pytest
+
+        @pytest.mark.contract("torch.dataloader")
+        def test_ok():
+            pass
+
+        @pytest.mark.contract("torch.stateful", "torch.dataloader")
+        def test_bad():
+            assert 1 == 2, "state differs"
+
+        @pytest.mark.contract("torch.finite")
+        def test_skipped():
+            pytest.skip("needs two ranks")
+
+        @pytest.fixture
+        def broken():
+            raise RuntimeError("fixture broke")
+
+        @pytest.mark.contract("torch.faults")
+        def test_setup_error(broken):
+            pass
+
+        @pytest.mark.contract("energon.format")
+        def test_other_host():
+            pass
+
+        def test_untagged():
+            pass
+    '''))
+    report = tmp_path / "r.json"
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "compat_matrix.pytest_plugin", "-p",
+                          "no:cacheprovider", "--contract-hosts", "torch", "--compat-report", str(report),
+                          "-q", "--rootdir", str(tmp_path), str(tmp_path)],
+                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "2 deselected" in out.stdout
+    rep = json.loads(report.read_text())
+    got = {t["id"].split("::")[1]: t for t in rep["tests"]}
+    assert set(got) == {"test_ok", "test_bad", "test_skipped", "test_setup_error"}
+    assert got["test_ok"]["outcome"] == "passed" and got["test_ok"]["contracts"] == ["torch.dataloader"]
+    assert got["test_bad"]["outcome"] == "failed" and "state differs" in got["test_bad"]["reason"]
+    assert got["test_bad"]["contracts"] == ["torch.stateful", "torch.dataloader"]
+    assert got["test_skipped"] == {**got["test_skipped"], "outcome": "skipped", "reason": "needs two ranks"}
+    assert got["test_setup_error"]["outcome"] == "failed" and "fixture broke" in got["test_setup_error"]["reason"]
+    assert rep["exitstatus"] == 1 and rep["collect_errors"] == []
+
+
+def _env(name="e", hosts=("torch",), tests=(), status="ok", error="", collect_errors=()):
+    return {"name": name, "why": "w", "hosts": list(hosts), "install": [], "date": "2026-11-29",
+            "python_path": "", "versions": {"python": "3.11.7", "torch": "2.7.0"}, "status": status,
+            "error": error, "exitstatus": 0, "seconds": {"install": 1, "tests": 2}, "tests": list(tests),
+            "collect_errors": list(collect_errors)}
+
+
+def _t(tid, outcome, contracts, reason=""):
+    return {"id": tid, "contracts": contracts, "outcome": outcome, "reason": reason, "seconds": 0.1}
+
+
+def test_cell_rules():
+    c = BY_ID["torch.dataloader"]
+    assert matrix.cell(BY_ID["energon.format"], _env())["status"] == "n/a"
+    ok = matrix.cell(c, _env(tests=[_t("a", "passed", [c.id]), _t("b", "skipped", [c.id], "no gloo")]))
+    assert ok == {"status": "pass", "reason": "1 of 2 skipped: no gloo", "tests": ["a", "b"]}
+    bad = matrix.cell(c, _env(tests=[_t("a", "passed", [c.id]), _t("b", "failed", [c.id], "boom")]))
+    assert bad["status"] == "fail" and bad["reason"] == "1/2 failed; b: boom"
+    skip = matrix.cell(c, _env(tests=[_t("a", "skipped", [c.id], "composer not installed")]))
+    assert skip == {"status": "skip", "reason": "composer not installed", "tests": ["a"]}
+    none = matrix.cell(c, _env(tests=[_t("a", "passed", ["torch.finite"])]))
+    assert none["status"] == "fail" and none["reason"] == "no test collected for this row"
+    coll = matrix.cell(c, _env(collect_errors=[{"id": "tests/test_y.py", "reason": "ImportError: x"}]))
+    assert coll["reason"] == "collection error: tests/test_y.py: ImportError: x"
+    inst = matrix.cell(c, _env(status="install failed", error="pip exited 1: no torch==9"))
+    assert inst == {"status": "fail", "reason": "install failed: pip exited 1: no torch==9", "tests": []}
+
+
+def test_render_shows_every_reason_and_test_id():
+    c = BY_ID["torch.stateful"]
+    envs = [_env("good", tests=[_t(f"tests/t.py::{r.id}", "passed", [r.id]) for r in CONTRACTS if r.host == "torch"]),
+            _env("bad", hosts=("torch", "energon"), tests=[_t("tests/t.py::x", "failed", [c.id], "state lost")])]
+    m = matrix.build(envs, "2026-11-29 00:00 UTC", "test machine")
+    md = matrix.render_md(m)
+    assert "**FAIL**: 1/1 failed; tests/t.py::x: state lost" in md
+    assert "no test collected for this row" in md  # bad's other torch rows
+    assert f"`tests/t.py::{c.id}`" in md and "| 2.7.0 | 2.7.0 |" in md
+    assert f"yes ({sum(r.host == 'torch' for r in CONTRACTS)}/" in md
+    json.loads(matrix.dump_json(m))
+
+
+def test_committed_matrix_is_generated_and_current():
+    """MATRIX.md is exactly the rendering of MATRIX.json, its rows are today's contract rows, every
+    environment of the manifest has a column, and every test id it cites still exists."""
+    js = REPO / "compat_matrix" / "MATRIX.json"
+    m = json.loads(js.read_text())
+    assert (REPO / "compat_matrix" / "MATRIX.md").read_text() == matrix.render_md(m), \
+        "MATRIX.md differs from its JSON: run `python -m compat_matrix render`"
+    assert [r["id"] for r in m["rows"]] == [c.id for c in CONTRACTS], "rows changed: re-run the matrix"
+    assert [e["name"] for e in m["envs"]] == [s.name for s in E.load_manifest()]
+    for r in m["rows"]:
+        for name, cl in r["cells"].items():
+            assert cl["status"] in ("pass", "fail", "skip", "n/a")
+            assert cl["status"] in ("pass", "n/a") or cl["reason"], (r["id"], name)
+            for tid in cl["tests"]:
+                path, func = tid.split("::")[0], re.split(r"[\[]", tid.split("::")[-1])[0]
+                assert re.search(rf"def {func}\(", (REPO / path).read_text()), f"{tid} cited by {r['id']} is gone"
