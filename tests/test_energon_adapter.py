@@ -550,3 +550,38 @@ def test_subflavors_keyword_merges_like_energon(text_ds, tmp_path):
     assert first(ze, str(meta), "get_val_datasets") == first(me, str(meta), "get_val_datasets") \
         == {"src": "txt", "kind": "val"}
     assert first(ze, str(meta), "get_val_datasets", **kw) == first(me, str(meta), "get_val_datasets", **kw)
+
+
+# -- the host's own signatures -------------------------------------------------------------------
+def _host_keywords(fn):
+    """{keyword: default} of ``fn``; required ones map to ``REQUIRED``."""
+    import inspect
+    return {p.name: REQUIRED if p.default is p.empty else p.default
+            for p in inspect.signature(fn).parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+REQUIRED = object()
+
+
+@pytest.mark.contract("energon.keywords")
+@pytest.mark.parametrize("fn", ["get_train_dataset", "get_val_dataset", "get_loader", "get_savable_loader"])
+def test_every_keyword_of_the_installed_energon_is_accepted_at_its_default(text_ds, fn):
+    """Oracle: the installed megatron-energon's own signatures. Every keyword it has exists here, and a
+    call spelling out any one of its defaults builds and yields (Megatron-LM passes most explicitly)."""
+    host = _host_keywords(getattr(me, fn))
+    assert not set(host) - set(_host_keywords(getattr(ze, fn))), f"{fn}: keywords of this Energon missing"
+    required = {"worker_config": wc(), "batch_size": 2, "shuffle_buffer_size": None,
+                "max_samples_per_sequence": None, "canonical_replicas": R}
+    for name, default in host.items():
+        if default is REQUIRED or name in ("path", "dataset", "worker_config"):
+            continue
+        if name == "task_encoder":
+            default = me.DefaultTaskEncoder()  # Energon's default is one shared instance
+        if fn in ("get_train_dataset", "get_val_dataset"):
+            kw = {k: v for k, v in required.items() if k in host or k == "canonical_replicas"}
+            ds = getattr(ze, fn)(text_ds, **{**kw, name: default})
+            dl = ze.get_savable_loader(ds)
+        else:
+            ds = ze.get_train_dataset(text_ds, **required)
+            dl = getattr(ze, fn)(ds, **{name: default})
+        assert len(take(dl, 2)) == 2, (fn, name)

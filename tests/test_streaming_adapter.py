@@ -414,3 +414,42 @@ def test_replication_gives_replica_ranks_identical_batches(data):
     ds1 = make(data)
     ds1.load_state_dict(state)
     assert take_steps([iter(DataLoader(ds1, batch_size=GBS))], None) == o[0][3:]
+
+
+# -- the host's own signatures -------------------------------------------------------------------
+def _host_keywords(fn):
+    import inspect
+    return {p.name: p.default for p in inspect.signature(fn).parameters.values()
+            if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+# Host defaults Zephon refuses on purpose (docs/streaming.md), with the words its refusal must contain.
+REFUSED_DEFAULTS = {"batch_size": "batch_size"}
+
+
+@pytest.mark.contract("streaming.keywords")
+def test_every_keyword_of_the_installed_streaming_dataset_is_accepted_at_its_default(data):
+    """Oracle: the installed mosaicml-streaming's own ``StreamingDataset``/``Stream`` signatures. A config
+    written for Mosaic that spells out a default (as llm-foundry YAMLs do) must build unchanged."""
+    streaming = pytest.importorskip("streaming")
+    host = _host_keywords(streaming.StreamingDataset.__init__)
+    ours = _host_keywords(StreamingDataset.__init__)
+    assert not set(host) - set(ours), f"keywords of streaming {streaming.__version__} missing here"
+    base = {"local": data["a"], "split": "train", "batch_size": GBS}
+    for name, default in host.items():
+        if name in ("local", "split", "remote", "streams"):
+            continue  # where the data is: given by base
+        kw = {**base, name: default}
+        if name in REFUSED_DEFAULTS:
+            with pytest.raises(RefusedKeyword, match=REFUSED_DEFAULTS[name]):
+                make(data, **kw)
+            continue
+        ds = make(data, **kw)
+        assert len(ds) > 0, name
+    s_host = _host_keywords(streaming.Stream.__init__)
+    assert not set(s_host) - set(_host_keywords(Stream.__init__))
+    for name, default in s_host.items():
+        if name not in ("local", "split", "remote"):
+            ds = make(data, streams=[Stream(local=data["a"], split="train", **{name: default})], local=None,
+                      split=None)
+            assert len(ds) > 0, name
