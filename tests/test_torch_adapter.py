@@ -195,3 +195,63 @@ def test_finite_stream_ends_at_the_single_rank_step(corpus, tokenizer_path, tmp_
     assert step_digests(consume(dl, 10_000, 2)) == ref
     # every row of the pass is either delivered or counted as dropped, as the core Loader counts them
     assert dl.dropped_rows == L.stats()["dropped_rows"] > 0
+
+
+@pytest.mark.contract("torchtitan.loader")
+def test_torchtitan_accepts_every_keyword_and_config_field_of_its_text_loader(corpus, tokenizer_path):
+    """Oracle: the installed torchtitan's ``HuggingFaceTextDataLoader``: each of its keyword-only
+    arguments and each field of its ``Config``, at torchtitan's default, builds a loader that yields."""
+    import dataclasses
+    import inspect
+
+    hf = pytest.importorskip("torchtitan.hf_datasets.text_datasets").HuggingFaceTextDataLoader
+    from zephon_torch.titan import ZephonTextDataLoader
+
+    base = dict(dp_world_size=1, dp_rank=0, tokenizer=tokenizer_path, seq_len=32, local_batch_size=R)
+    path = f"{corpus['docs_jsonl']}"
+    ours_fields = {f.name for f in dataclasses.fields(ZephonTextDataLoader.Config)}
+    for f in dataclasses.fields(hf.Config):
+        assert f.name in ours_fields, f"torchtitan's Config field {f.name} is missing"
+        if f.name in ("dataset", "dataset_path"):
+            continue
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        cfg = ZephonTextDataLoader.Config(dataset_path=path, canonical_replicas=R, chunk_size=16, **{f.name: default})
+        inputs, _ = next(iter(ZephonTextDataLoader(cfg, **base)))
+        assert inputs["input"].shape == (R, 32), f.name
+    cfg = ZephonTextDataLoader.Config(dataset_path=path, canonical_replicas=R, chunk_size=16)
+    for p in inspect.signature(hf.__init__).parameters.values():
+        if p.kind is p.KEYWORD_ONLY and p.name not in base:
+            assert p.default is not p.empty, f"torchtitan requires {p.name}, which this check does not supply"
+            inputs, _ = next(iter(ZephonTextDataLoader(cfg, **base, **{p.name: p.default})))
+            assert inputs["input"].shape == (R, 32), p.name
+    with pytest.raises(ValueError, match="persistent_workers=True is not supported"):
+        ZephonTextDataLoader(ZephonTextDataLoader.Config(dataset_path=path, persistent_workers=True), **base)
+
+
+# torch/torchdata defaults refused on purpose (docs/distributed.md): the dataset yields whole micro-batches.
+REFUSED_LOADER_DEFAULTS = {"batch_size": "batch_size"}
+
+
+@pytest.mark.contract("torch.stateful", "torch.dataloader")
+@pytest.mark.parametrize("cls", ["DataLoader", "StatefulDataLoader"])
+def test_every_keyword_of_the_installed_loader_is_accepted_at_its_default(dirs, tokenizer_path, cls):
+    """Oracle: the installed torch ``DataLoader`` / torchdata ``StatefulDataLoader`` signatures: every
+    keyword, spelled out at the host's default, builds a loader that yields micro-batches of the rank."""
+    import inspect
+
+    from torchdata.stateful_dataloader import StatefulDataLoader as TDL
+    from torch.utils.data import DataLoader as TorchDL
+
+    host = TorchDL if cls == "DataLoader" else TDL
+    ours = getattr(zephon_torch, cls)
+    assert issubclass(ours, host)
+    for p in inspect.signature(host.__init__).parameters.values():
+        if p.name in ("self", "dataset") or p.kind is not p.POSITIONAL_OR_KEYWORD and p.kind is not p.KEYWORD_ONLY:
+            continue
+        ds = make_dataset(dirs, tokenizer_path, dp=2, rank=1)
+        if p.name in REFUSED_LOADER_DEFAULTS:
+            with pytest.raises(ValueError, match=REFUSED_LOADER_DEFAULTS[p.name]):
+                ours(ds, **{p.name: p.default})
+            continue
+        mb = next(iter(ours(ds, **{p.name: p.default})))
+        assert mb["input_ids"].ndim == 2, p.name

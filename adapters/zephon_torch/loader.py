@@ -74,7 +74,8 @@ class _RankStateMixin:
             raise ValueError("persistent_workers=True would carry rows prefetched but never consumed into the next "
                              "iteration; Zephon restarts workers from the consumed state instead")
         kwargs["batch_size"] = None
-        kwargs.setdefault("collate_fn", _as_is)
+        if kwargs.get("collate_fn") is None:  # absent or torch's default spelled out: numpy transport
+            kwargs["collate_fn"] = _as_is
         dataset.report_drops = True  # ... and yields numpy micro-batches (see _as_is)
         self._progress = Progress(dataset.loader)
         self._agree_group = None

@@ -48,11 +48,14 @@ class ZephonTextDataLoader(_Base):
     separated by ``,`` (JSONL/Parquet/MDS files, directories or globs), ``weights`` (same count, default
     equal), ``text_field`` ("text"), ``canonical_replicas`` (lanes, fixed for the run: every dp degree used
     must divide it), ``seed``, ``shuffle_buffer`` (rows, 0 = off), ``chunk_size``, ``num_workers``
-    (DataLoader workers; may change between runs), ``prefetch_factor``, ``pin_memory``, ``infinite``.
+    (DataLoader workers; may change between runs), ``prefetch_factor``, ``pin_memory``,
+    ``persistent_workers`` (False only), ``infinite``.
     Keyword arguments as torchtitan passes them: ``dp_world_size``, ``dp_rank``, ``tokenizer`` (a
     torchtitan ``HuggingFaceTokenizer``, a ``tokenizers.Tokenizer`` or a tokenizer.json path),
     ``seq_len`` (tokens per row), ``local_batch_size`` (rows per rank per step; ``local_batch_size *
-    dp_world_size`` is the global batch and must be a multiple of ``canonical_replicas``).
+    dp_world_size`` is the global batch and must be a multiple of ``canonical_replicas``),
+    ``snapshot_every_n_steps`` (accepted as in ``HuggingFaceTextDataLoader``; no effect, the state is exact
+    at every step).
     Raises ``TopologyError`` for a dp degree that does not divide ``canonical_replicas``, ``ValueError``
     for inconsistent sizes, ``CheckpointError`` from ``load_state_dict`` for another config."""
 
@@ -67,10 +70,16 @@ class ZephonTextDataLoader(_Base):
         num_workers: int = 0
         prefetch_factor: int | None = None
         pin_memory: bool = False
+        persistent_workers: bool = False  # TorchTitan's field; True is refused (see __init__)
         infinite: bool = True
 
     def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, tokenizer, seq_len: int,
-                 local_batch_size: int, **kwargs):
+                 local_batch_size: int, snapshot_every_n_steps: int | None = 1, **kwargs):
+        # snapshot_every_n_steps (torchtitan's HuggingFaceTextDataLoader keyword) has no effect: the state
+        # is exact at every step, read from the rows consumed, never from a worker snapshot.
+        if config.persistent_workers:
+            raise ValueError("ZephonTextDataLoader.Config.persistent_workers=True is not supported: workers kept "
+                             "across iterations would carry rows prefetched but never consumed into the next one")
         if kwargs:
             raise ValueError(f"unsupported keyword arguments {sorted(kwargs)}: set them on "
                              f"ZephonTextDataLoader.Config")
