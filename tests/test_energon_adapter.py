@@ -305,6 +305,42 @@ def test_packing_is_deterministic_across_resume_and_world_size(text_ds):
     dl.close()
 
 
+# -- TaskEncoder without packing ---------------------------------------------------------------------
+class PlainTE(ze.DefaultTaskEncoder):
+    """encode_sample -> dict, batch -> user dict with a tensor, encode_batch adds a field."""
+
+    @ze.stateless
+    def encode_sample(self, s):
+        return {"key": s.__key__, "n": len(s.text), "up": s.text.upper()}
+
+    def batch(self, samples):
+        return {"keys": [s["key"] for s in samples], "n": torch.tensor([s["n"] for s in samples]),
+                "up": [s["up"] for s in samples]}
+
+    def encode_batch(self, b):
+        return dict(b, total=int(b["n"].sum()))
+
+
+@pytest.mark.contract("energon.task_encoder")
+def test_plain_task_encoder_rows_equal_energons_run_of_the_same_encoder(text_ds):
+    """Oracle: megatron.energon's own loader running the same TaskEncoder (its order differs, so rows are
+    compared per key); each of our batches went through batch then encode_batch."""
+    theirs = {}
+    for b in me.get_loader(me.get_train_dataset(text_ds, worker_config=wc(), batch_size=2, shuffle_buffer_size=None,
+                                                max_samples_per_sequence=None, repeat=False, task_encoder=PlainTE())):
+        assert b["total"] == int(b["n"].sum())
+        theirs.update({k: (int(n), u) for k, n, u in zip(b["keys"], b["n"], b["up"])})
+    assert len(theirs) == 149
+    keys = []
+    for b in train_loader(text_ds, task_encoder=PlainTE(), batch_size=2, repeat=False):
+        assert set(b) == {"keys", "n", "up", "total"} and b["total"] == int(b["n"].sum())
+        assert 1 <= len(b["keys"]) <= 2  # batch_drop_last=False: a lane's last batch may be short, as in Energon
+        for k, n, u in zip(b["keys"], b["n"], b["up"]):
+            assert (int(n), u) == theirs[k], k
+        keys += b["keys"]
+    assert sorted(keys) == sorted(theirs)  # one pass: every sample once
+
+
 # -- bad input -------------------------------------------------------------------------------------
 def test_worker_and_rank_without_samples_do_not_hang(text_ds):
     ref = take(train_loader(text_ds, canonical_replicas=2), 10)
