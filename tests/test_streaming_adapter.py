@@ -11,6 +11,7 @@ import itertools
 import json
 import os
 import threading
+from collections import Counter
 from contextlib import contextmanager
 
 import pytest
@@ -453,3 +454,34 @@ def test_every_keyword_of_the_installed_streaming_dataset_is_accepted_at_its_def
             ds = make(data, streams=[Stream(local=data["a"], split="train", **{name: default})], local=None,
                       split=None)
             assert len(ds) > 0, name
+
+
+@pytest.mark.contract("streaming.mixture")
+def test_stream_mixture_counts_match_mosaics_own(tmp_path):
+    """Oracle: mosaicml-streaming's StreamingDataset over the same MDSWriter shards with the same Streams:
+    one epoch's samples per stream. Zephon cuts epochs at whole global batches and lane chunks, so its
+    counts may trail Mosaic's by at most the documented lane-tail bound (lanes x chunk_size)."""
+    from streaming import MDSWriter
+    from streaming import Stream as MosaicStream
+    from streaming import StreamingDataset as MosaicDataset
+
+    dirs = {}
+    for name, n, off in (("a", 360, 0), ("b", 180, 10_000)):
+        with MDSWriter(out=str(tmp_path / name), columns={"id": "int", "text": "str"}, size_limit=4096) as w:
+            for i in range(n):
+                w.write({"id": off + i, "text": f"{name} {i}"})
+        dirs[name] = str(tmp_path / name)
+    agg = str(tmp_path / "agg")
+    bound = GBS * CHUNK  # lanes (num_canonical_nodes = global batch) x chunk_size
+    for label, kws, extra in (("proportion", ({"proportion": 3}, {"proportion": 1}), {"epoch_size": 320}),
+                              ("repeat", ({"repeat": 2}, {"repeat": 1}), {}),
+                              ("choose", ({"choose": 64}, {"choose": 32}), {})):
+        with world(0, 1):
+            theirs = MosaicDataset(streams=[MosaicStream(local=dirs[n], **k) for n, k in zip("ab", kws)],
+                                   batch_size=GBS, shuffle=True, shuffle_seed=17, **extra)
+            want = Counter(int(s["id"]) >= 10_000 for s in theirs)
+        ours = make({"a": None, "agg": agg}, streams=[Stream(local=dirs[n], **k) for n, k in zip("ab", kws)],
+                    local=None, split=None, run_id=label, **extra)
+        got = Counter(int(s["id"]) >= 10_000 for s in ours)
+        for stream in (False, True):
+            assert 0 <= want[stream] - got[stream] <= bound, (label, stream, want, got)
