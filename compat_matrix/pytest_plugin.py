@@ -64,7 +64,10 @@ class _Recorder:
     def __init__(self, config):
         self.path = config.getoption("--compat-report")
         self.tests: dict[str, dict] = {}
+        self.unimported: dict[str, dict] = {}
         self.collect_errors: list[dict] = []
+        hosts = config.getoption("--contract-hosts")
+        self.hosts = None if hosts is None else {h.strip() for h in hosts.split(",") if h.strip()}
 
     def pytest_collection_finish(self, session):  # after deselection: the tests that will run
         for item in session.items:
@@ -72,8 +75,19 @@ class _Recorder:
                                        "reason": "", "seconds": 0.0}
 
     def pytest_collectreport(self, report):
+        if not (report.failed or report.skipped):
+            return
+        reason = _reason(report)
         if report.failed:
-            self.collect_errors.append({"id": report.nodeid, "reason": _reason(report)})
+            self.collect_errors.append({"id": report.nodeid, "reason": reason})
+        # A module that skips or fails at import yields no items: its tests come from the static tag map.
+        from .tagmap import collect_tags
+
+        wanted = self.hosts
+        for tid, ids in collect_tags()[0].items():
+            if tid.split("::")[0] == report.nodeid and (wanted is None or any(i.split(".")[0] in wanted for i in ids)):
+                self.unimported[tid] = {"id": tid, "contracts": ids, "seconds": 0.0, "reason": reason,
+                                        "outcome": "failed" if report.failed else "skipped"}
 
     def pytest_runtest_logreport(self, report):
         rec = self.tests.get(report.nodeid)
@@ -89,8 +103,7 @@ class _Recorder:
             rec["outcome"] = "passed"
 
     def pytest_sessionfinish(self, session, exitstatus):
-        tests = self.tests
-        collected = [t for t in tests.values() if t["contracts"]]
+        collected = [t for t in (*self.tests.values(), *self.unimported.values()) if t["contracts"]]
         out = {"exitstatus": int(exitstatus), "tests": collected, "collect_errors": self.collect_errors}
         tmp = self.path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
