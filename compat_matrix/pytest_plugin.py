@@ -57,12 +57,17 @@ def _reason(report) -> str:
         msg = lr[2] if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
         return one_line(msg.removeprefix("Skipped: "))
     crash = getattr(report.longrepr, "reprcrash", None)
-    return one_line(crash.message if crash is not None else str(report.longrepr))
+    if crash is not None:
+        return one_line(crash.message)
+    # A collection error's text ends with the exception ("E   ModuleNotFoundError: ...").
+    lines = [l.strip() for l in str(report.longrepr).splitlines() if l.strip()]
+    return one_line(lines[-1].removeprefix("E").strip() if lines else "")
 
 
 class _Recorder:
     def __init__(self, config):
         self.path = config.getoption("--compat-report")
+        self.rootpath = config.rootpath
         self.tests: dict[str, dict] = {}
         self.unimported: dict[str, dict] = {}
         self.collect_errors: list[dict] = []
@@ -83,8 +88,8 @@ class _Recorder:
         # A module that skips or fails at import yields no items: its tests come from the static tag map.
         from .tagmap import collect_tags
 
-        wanted = self.hosts
-        for tid, ids in collect_tags()[0].items():
+        wanted, module = self.hosts, self.rootpath / report.nodeid
+        for tid, ids in collect_tags(module.parent, self.rootpath)[0].items():
             if tid.split("::")[0] == report.nodeid and (wanted is None or any(i.split(".")[0] in wanted for i in ids)):
                 self.unimported[tid] = {"id": tid, "contracts": ids, "seconds": 0.0, "reason": reason,
                                         "outcome": "failed" if report.failed else "skipped"}

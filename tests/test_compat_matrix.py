@@ -78,7 +78,36 @@ def test_plugin_records_outcomes_reasons_and_selects_by_host(tmp_path):
         def test_untagged():
             pass
     '''))
+    (tmp_path / "test_y.py").write_text(textwrap.dedent('''
+        import pytest
+        pytest.importorskip("no_such_host_package", reason="host absent here")
+
+        @pytest.mark.contract("torch.distributed")
+        def test_needs_host():
+            pass
+    '''))
+    (tmp_path / "test_z.py").write_text(textwrap.dedent('''
+        import pytest
+        import no_such_module_at_all
+
+        @pytest.mark.contract("torch.stateful")
+        def test_broken_module():
+            pass
+    '''))
     report = tmp_path / "r.json"
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "compat_matrix.pytest_plugin", "-p",
+                          "no:cacheprovider", "--contract-hosts", "torch", "--compat-report", str(report),
+                          "-q", "--rootdir", str(tmp_path), str(tmp_path)],
+                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr  # a collection error interrupts the session
+    rep = json.loads(report.read_text())
+    got = {t["id"].split("::")[1]: t for t in rep["tests"]}
+    assert got["test_needs_host"] == {"id": "test_y.py::test_needs_host", "contracts": ["torch.distributed"],
+                                      "outcome": "skipped", "reason": "host absent here", "seconds": 0.0}
+    assert got["test_broken_module"]["outcome"] == "failed" and "no_such_module_at_all" in \
+        got["test_broken_module"]["reason"]
+    assert rep["collect_errors"][0]["id"] == "test_z.py"
+    (tmp_path / "test_z.py").unlink()
     out = subprocess.run([sys.executable, "-m", "pytest", "-p", "compat_matrix.pytest_plugin", "-p",
                           "no:cacheprovider", "--contract-hosts", "torch", "--compat-report", str(report),
                           "-q", "--rootdir", str(tmp_path), str(tmp_path)],
@@ -87,7 +116,7 @@ def test_plugin_records_outcomes_reasons_and_selects_by_host(tmp_path):
     assert "2 deselected" in out.stdout
     rep = json.loads(report.read_text())
     got = {t["id"].split("::")[1]: t for t in rep["tests"]}
-    assert set(got) == {"test_ok", "test_bad", "test_skipped", "test_setup_error"}
+    assert set(got) == {"test_ok", "test_bad", "test_skipped", "test_setup_error", "test_needs_host"}
     assert got["test_ok"]["outcome"] == "passed" and got["test_ok"]["contracts"] == ["torch.dataloader"]
     assert got["test_bad"]["outcome"] == "failed" and "state differs" in got["test_bad"]["reason"]
     assert got["test_bad"]["contracts"] == ["torch.stateful", "torch.dataloader"]
