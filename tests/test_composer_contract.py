@@ -176,11 +176,7 @@ def test_resume_from_checkpoint_continues_with_identical_batches(data, S, ckdir,
     assert r["final"] == oracle["final"]
 
 
-@pytest.mark.xfail(strict=True, reason="zephon_streaming.StreamingDataLoader.batch_size is None (loader.py builds its "
-                   "DataLoader with batch_size=None); Composer 0.32.1 takes device_train_microbatch_size from "
-                   "train_dataloader.batch_size (_get_initial_device_train_microbatch_size) and then fails "
-                   "`assert self.state.device_train_microbatch_size is not None` in Trainer._train_batch. "
-                   "With the fix: drop this marker, tag the test composer.trainer and composer.resume.")
+@pytest.mark.contract("composer.trainer", "composer.resume")
 def test_streaming_dataloader_in_the_trainer(data, S, ckdir, run_a):
     from zephon_streaming import StreamingDataLoader
 

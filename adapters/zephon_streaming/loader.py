@@ -72,6 +72,18 @@ class StreamingDataLoader(DataLoader):
     def batch_size_per_rank(self) -> int:
         return self.zephon_dataset.batch_size
 
+    @property
+    def batch_size(self):
+        """The rank's batch (samples per step), as on Mosaic's loader: Composer reads its per-device batch
+        from ``train_dataloader.batch_size``. Underneath, items are not re-batched by torch."""
+        ds = self.__dict__.get("zephon_dataset")
+        return ds.batch_size if ds is not None else None
+
+    @batch_size.setter
+    def batch_size(self, value):  # DataLoader.__init__ assigns its own batch_size (None) once
+        if value is not None:
+            raise ValueError(f"StreamingDataLoader.batch_size is the dataset's batch_size; cannot set {value!r}")
+
     def __len__(self) -> int:
         return self.zephon_dataset.steps_per_epoch
 
