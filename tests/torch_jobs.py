@@ -82,6 +82,16 @@ def _init(rank, world, init_file):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
 
 
+def _leave():
+    """End a rank that succeeded: a last barrier, then ``os._exit(0)``. torch 2.7.0's gloo can hang in
+    ``destroy_process_group`` or abort ("terminate called without an active exception") while the
+    interpreter finalises (pytorch/pytorch#75097); four bare spawned ranks doing init / gather_object /
+    destroy, with no Zephon code, hung within 3 runs here, and 12 of 12 runs ended cleanly this way. A rank
+    that fails raises instead, so mp.spawn reports its error."""
+    dist.barrier()
+    os._exit(0)
+
+
 def loader_job(rank, world, init_file, spec):
     """One rank of a torch.distributed run over ``zephon_torch.StatefulDataLoader``.
 
@@ -91,28 +101,27 @@ def loader_job(rank, world, init_file, spec):
     import zephon_torch
 
     _init(rank, world, init_file)
-    try:
-        ds = make_dataset(spec["dirs"], spec["tok"], dp=world, rank=rank, micro_batch=spec["micro_batch"],
-                          exhaustion=spec.get("exhaustion", "repeat"))
-        dl = zephon_torch.StatefulDataLoader(ds, num_workers=spec["num_workers"])
-        if spec.get("load"):
-            with open(spec["load"]) as fh:
-                dl.load_state_dict(json.load(fh))
-        rows = consume(dl, spec["stop"], 2 // spec["micro_batch"])
-        state = dl.state_dict() if spec.get("save") else None  # a collective: the merged state
-        gathered = [None] * world if rank == 0 else None
-        dist.gather_object(rows, gathered, dst=0)
-        if rank == 0:
-            all_rows = [r for part in gathered for r in part]
-            if spec.get("save"):
-                with open(spec["save"], "w") as fh:
-                    json.dump(state, fh)
-            with open(spec["out"], "w") as fh:
-                json.dump({"digests": step_digests(all_rows), "dropped_rows": dl.dropped_rows,
-                           "state_lanes": len(state["lanes"]) if state else 0,
-                           "state_bytes": len(json.dumps(state)) if state else 0}, fh)
-    finally:
-        dist.destroy_process_group()
+    ds = make_dataset(spec["dirs"], spec["tok"], dp=world, rank=rank, micro_batch=spec["micro_batch"],
+                      exhaustion=spec.get("exhaustion", "repeat"))
+    dl = zephon_torch.StatefulDataLoader(ds, num_workers=spec["num_workers"])
+    if spec.get("load"):
+        with open(spec["load"]) as fh:
+            dl.load_state_dict(json.load(fh))
+    rows = consume(dl, spec["stop"], 2 // spec["micro_batch"])
+    state = dl.state_dict() if spec.get("save") else None  # a collective: the merged state
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object(rows, gathered, dst=0)
+    if rank == 0:
+        all_rows = [r for part in gathered for r in part]
+        if spec.get("save"):
+            with open(spec["save"], "w") as fh:
+                json.dump(state, fh)
+        with open(spec["out"], "w") as fh:
+            json.dump({"digests": step_digests(all_rows), "dropped_rows": dl.dropped_rows,
+                       "state_lanes": len(state["lanes"]) if state else 0,
+                       "state_bytes": len(json.dumps(state)) if state else 0}, fh)
+    del dl  # shuts its workers down before the abrupt exit
+    _leave()
 
 
 # -- a TorchTitan-shaped loop --------------------------------------------------------------------------
@@ -138,59 +147,57 @@ def titan_job(rank, world, init_file, spec):
     from zephon_torch.titan import ZephonTextDataLoader
 
     _init(rank, world, init_file)
-    try:
-        torch.manual_seed(0)
-        model = TinyLM()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        cfg = ZephonTextDataLoader.Config(dataset_path=spec["path"], canonical_replicas=R, shuffle_buffer=4,
-                                          chunk_size=32, num_workers=spec["num_workers"])
-        loader = ZephonTextDataLoader(cfg, dp_world_size=world, dp_rank=rank, tokenizer=spec["tok"], seq_len=64,
-                                      local_batch_size=16 // world)
-        step = 0
-        if spec.get("ckpt_load"):
-            msd, osd = get_state_dict(model, opt)
-            state = {"model": msd, "optim": osd, "dataloader": loader, "step": torch.zeros(1, dtype=torch.long)}
-            dcp.load(state, checkpoint_id=spec["ckpt_load"])
-            set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-            step = int(state["step"].item())
-        losses, rows = {}, []
-        it = iter(loader)
-        while step < spec["steps"]:
-            inputs, labels = next(it)
-            for i in range(labels.shape[0]):  # per row, so the global batch hash ignores the dp split
-                rows.append((step, rank, b"".join(t[i].numpy().astype(np.int64).tobytes()
-                                                  for t in (inputs["input"], inputs["positions"], labels))))
-            logits = model(inputs["input"])
-            loss_sum = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100,
-                                                         reduction="sum")
-            count = (labels != -100).sum().to(torch.float32)
-            totals = torch.stack([loss_sum.detach(), count])
-            dist.all_reduce(totals)
-            opt.zero_grad()
-            (loss_sum / totals[1]).backward()  # the global mean: gradients summed over ranks below
-            for p in model.parameters():
-                dist.all_reduce(p.grad)
-            opt.step()
-            losses[step] = float(totals[0] / totals[1])
-            step += 1
-        if spec.get("ckpt_save"):
-            msd, osd = get_state_dict(model, opt)
-            dcp.save({"model": msd, "optim": osd, "dataloader": loader,
-                      "step": torch.tensor([step], dtype=torch.long)}, checkpoint_id=spec["ckpt_save"])
-        gathered = [None] * world if rank == 0 else None
-        dist.gather_object(rows, gathered, dst=0)
-        if rank == 0:
-            # A global batch: every rank's local batch of that step, ranks in order (= lanes ascending).
-            by_step = defaultdict(list)
-            for part in gathered:
-                for s, r, raw in part:
-                    by_step[s].append((r, raw))
-            digests = {s: hashlib.sha256(b"".join(raw for _, raw in sorted(v, key=lambda x: x[0]))).hexdigest()
-                       for s, v in by_step.items()}
-            with open(spec["out"], "w") as fh:
-                json.dump({"losses": losses, "digests": digests}, fh)
-    finally:
-        dist.destroy_process_group()
+    torch.manual_seed(0)
+    model = TinyLM()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    cfg = ZephonTextDataLoader.Config(dataset_path=spec["path"], canonical_replicas=R, shuffle_buffer=4,
+                                      chunk_size=32, num_workers=spec["num_workers"])
+    loader = ZephonTextDataLoader(cfg, dp_world_size=world, dp_rank=rank, tokenizer=spec["tok"], seq_len=64,
+                                  local_batch_size=16 // world)
+    step = 0
+    if spec.get("ckpt_load"):
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optim": osd, "dataloader": loader, "step": torch.zeros(1, dtype=torch.long)}
+        dcp.load(state, checkpoint_id=spec["ckpt_load"])
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        step = int(state["step"].item())
+    losses, rows = {}, []
+    it = iter(loader)
+    while step < spec["steps"]:
+        inputs, labels = next(it)
+        for i in range(labels.shape[0]):  # per row, so the global batch hash ignores the dp split
+            rows.append((step, rank, b"".join(t[i].numpy().astype(np.int64).tobytes()
+                                              for t in (inputs["input"], inputs["positions"], labels))))
+        logits = model(inputs["input"])
+        loss_sum = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100,
+                                                     reduction="sum")
+        count = (labels != -100).sum().to(torch.float32)
+        totals = torch.stack([loss_sum.detach(), count])
+        dist.all_reduce(totals)
+        opt.zero_grad()
+        (loss_sum / totals[1]).backward()  # the global mean: gradients summed over ranks below
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        opt.step()
+        losses[step] = float(totals[0] / totals[1])
+        step += 1
+    if spec.get("ckpt_save"):
+        msd, osd = get_state_dict(model, opt)
+        dcp.save({"model": msd, "optim": osd, "dataloader": loader,
+                  "step": torch.tensor([step], dtype=torch.long)}, checkpoint_id=spec["ckpt_save"])
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object(rows, gathered, dst=0)
+    if rank == 0:
+        # A global batch: every rank's local batch of that step, ranks in order (= lanes ascending).
+        by_step = defaultdict(list)
+        for part in gathered:
+            for s, r, raw in part:
+                by_step[s].append((r, raw))
+        digests = {s: hashlib.sha256(b"".join(raw for _, raw in sorted(v, key=lambda x: x[0]))).hexdigest()
+                   for s, v in by_step.items()}
+        with open(spec["out"], "w") as fh:
+            json.dump({"losses": losses, "digests": digests}, fh)
+    _leave()
 
 
 def spawn(fn, world, tmp, spec):
