@@ -25,7 +25,6 @@ from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFa
 import zephon_energon as ze  # noqa: E402
 from zephon.engine import CheckpointError  # noqa: E402
 
-pytest.importorskip("zephon.formats.energon")
 
 R = 8  # canonical_replicas in these tests (world sizes 1, 2, 4, 8)
 TEXT_YAML = ("__module__: megatron.energon\n__class__: StandardWebdatasetFactory\nfield_map:\n  text: txt\n"
@@ -400,10 +399,6 @@ def test_refused_keywords_say_why(text_ds):
 # -- metadataset ---------------------------------------------------------------------------------
 @pytest.mark.contract("energon.metadataset")
 def test_metadataset_blend_samples_equal_energons(text_ds, cap_ds, tmp_path):
-    from zephon.formats import energon as efmt
-
-    if not hasattr(efmt, "load_metadataset"):
-        pytest.skip("zephon.formats.energon.load_metadataset not available yet")
     meta = tmp_path / "blend.yaml"
     meta.write_text("__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
                     f"      - weight: 3\n        path: {text_ds}\n        subflavors:\n          kind: text\n"

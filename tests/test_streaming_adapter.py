@@ -382,10 +382,6 @@ def test_text_pipeline_packs_rows_elastically(data, tokenizer_path):
 
 @pytest.mark.contract("streaming.mds_format")
 def test_mds_shards_written_by_mdswriter(tmp_path):
-    import importlib.util
-
-    if importlib.util.find_spec("zephon.formats.mds") is None:
-        pytest.skip("zephon.formats has no MDS reader yet")
     from streaming import MDSWriter
     from streaming import StreamingDataset as MosaicDataset
 
@@ -436,6 +432,8 @@ def test_every_keyword_of_the_installed_streaming_dataset_is_accepted_at_its_def
     host = _host_keywords(streaming.StreamingDataset.__init__)
     ours = _host_keywords(StreamingDataset.__init__)
     assert not set(host) - set(ours), f"keywords of streaming {streaming.__version__} missing here"
+    differ = {k: (host[k], ours[k]) for k in host if ours[k] != host[k]}
+    assert not differ, f"defaults that differ from streaming {streaming.__version__}'s (host, ours): {differ}"
     base = {"local": data["a"], "split": "train", "batch_size": GBS}
     for name, default in host.items():
         if name in ("local", "split", "remote", "streams"):
@@ -485,3 +483,21 @@ def test_stream_mixture_counts_match_mosaics_own(tmp_path):
         got = Counter(int(s["id"]) >= 10_000 for s in ours)
         for stream in (False, True):
             assert 0 <= want[stream] - got[stream] <= bound, (label, stream, want, got)
+
+
+@pytest.mark.contract("streaming.keywords")
+def test_honoured_shuffle_keywords_change_the_order_as_documented(data):
+    """``shuffle``, ``shuffle_seed`` and ``shuffle_block_size`` are honoured (docs/streaming.md): each
+    changes the epoch's order; the samples stay the dataset's, up to the documented one-pass lane-tail
+    drop (which samples fall in a lane's tail depends on the order)."""
+    def order(**kw):
+        ds = make(data, run_id=str(sorted(kw.items())), **kw)
+        return [sample_key(s) for s in ds], ds.dropped_per_epoch
+
+    base, drop = order(shuffle=True, shuffle_seed=17)
+    assert order(shuffle=True, shuffle_seed=17)[0] == base
+    for kw in ({"shuffle": False}, {"shuffle": True, "shuffle_seed": 18},
+               {"shuffle": True, "shuffle_seed": 17, "shuffle_block_size": 8}):
+        other, _ = order(**kw)
+        assert other != base and len(other) == len(base), kw
+        assert len(set(other) & set(base)) >= len(base) - drop, kw
