@@ -56,7 +56,7 @@ _ROWS = [
     ("torch.faults", "a dead, hung or absent rank is named within the timeout; partial merges refused"),
     # torchtitan
     ("torchtitan.loader", "BaseDataLoader subclass: constructor shape, (input, positions)/labels batches, DCP-able state"),
-    ("torchtitan.dcp_resume", "training loop with DCP save/load resumes at another dp degree, identical batches and loss"),
+    ("torchtitan.dcp_resume", "training loop with DCP save/load of model + optimizer + loader: resumed at dp 1/2/4, identical global batches; at the same dp, identical losses"),
 ]
 
 CONTRACTS = [Contract(i, i.split(".", 1)[0], t) for i, t in _ROWS]

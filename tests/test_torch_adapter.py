@@ -135,9 +135,9 @@ def test_bad_arguments_are_refused(dirs, tokenizer_path):
 def test_torchtitan_loader_contract(corpus, tokenizer_path):
     from zephon_torch.titan import STATE_KEY, ZephonTextDataLoader
 
+    titan = pytest.importorskip("torchtitan.components.dataloader", reason="torchtitan not installed")
     cfg = ZephonTextDataLoader.Config(dataset_path=f"{corpus['docs_jsonl']},{corpus['code_jsonl']}",
                                       canonical_replicas=R, shuffle_buffer=4, chunk_size=32)
-    titan = pytest.importorskip("torchtitan.components.dataloader")
     dl = ZephonTextDataLoader(cfg, dp_world_size=1, dp_rank=0, tokenizer=tokenizer_path, seq_len=64,
                               local_batch_size=16)
     assert isinstance(dl, titan.BaseDataLoader)
@@ -161,6 +161,7 @@ def test_torchtitan_loader_contract(corpus, tokenizer_path):
 
 @pytest.mark.contract("torchtitan.loader")
 def test_torchtitan_labels_are_shifted_within_documents(corpus, tokenizer_path):
+    pytest.importorskip("torchtitan.components.dataloader", reason="torchtitan not installed")
     from zephon_torch.titan import ZephonTextDataLoader
 
     cfg = ZephonTextDataLoader.Config(dataset_path=corpus["docs_jsonl"], canonical_replicas=R, shuffle_buffer=0,
