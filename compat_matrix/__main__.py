@@ -38,7 +38,7 @@ def _machine() -> str:
 def run_env(spec: E.EnvSpec, root: Path, fresh: bool, pytest_args) -> dict:
     res = {"name": spec.name, "why": spec.why, "hosts": list(spec.hosts), "install": list(spec.install),
            "date": dt.date.today().isoformat(), "python_path": "", "versions": {}, "status": "ok", "error": "",
-           "exitstatus": None, "seconds": {}, "tests": [], "collect_errors": []}
+           "exitstatus": None, "seconds": {}, "tests": [], "collect_errors": [], "revision": E.source_revision()}
     t0 = time.monotonic()
     try:
         py = E.build(spec, root, fresh=fresh)
@@ -78,15 +78,28 @@ def main(argv=None) -> int:
     sub.add_parser("render", help="rewrite MATRIX.md from MATRIX.json")
     sub.add_parser("list", help="print the environments of manifest.toml")
     a = ap.parse_args(argv)
-    specs = E.load_manifest()
+    try:
+        specs = E.load_manifest()
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if a.cmd == "list":
         for s in specs:
             print(f"{s.name:18} python {s.python}  hosts {','.join(s.hosts)}\n{'':18} {' '.join(s.install)}\n"
                   f"{'':18} {s.why}")
         return 0
     if a.cmd == "render":
-        m = json.loads(JS.read_text())
-        MD.write_text(matrix.render_md(m))
+        try:
+            m = json.loads(JS.read_text())
+            md = matrix.render_md(m)
+        except FileNotFoundError:
+            print(f"error: {JS} does not exist: `python -m compat_matrix run` creates it", file=sys.stderr)
+            return 2
+        except (ValueError, KeyError, TypeError) as e:
+            print(f"error: {JS} is not a matrix this version writes ({type(e).__name__}: {e}); re-run "
+                  f"`python -m compat_matrix run`", file=sys.stderr)
+            return 2
+        MD.write_text(md)
         print(f"wrote {MD}")
         return 0
     names = [s.name for s in specs]
@@ -94,6 +107,9 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown --env {unknown}; manifest has {names}")
     old = {e["name"]: e for e in json.loads(JS.read_text())["envs"]} if a.env and JS.exists() else {}
+    missing = [n for n in names if n not in a.env and n not in old]
+    if a.env and missing:
+        print(f"note: no earlier results for {missing}: the matrix will lack those columns until they run")
     results = {}
     for s in specs:
         if a.env and s.name not in a.env:
@@ -117,4 +133,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # MATRIX.* keep the columns finished before the interruption
+        print("\ninterrupted: MATRIX.md / MATRIX.json hold the columns finished so far", file=sys.stderr)
+        sys.exit(130)

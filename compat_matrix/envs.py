@@ -9,6 +9,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -52,10 +53,21 @@ def load_manifest(path: Path = MANIFEST) -> list[EnvSpec]:
         if set(e) != keys:
             raise ValueError(f"{label}: keys must be {sorted(keys)}; missing {sorted(keys - set(e))}, "
                              f"unknown {sorted(set(e) - keys)}")
+        # The name becomes a directory that is deleted and rebuilt: a plain, non-empty file name only.
+        if not isinstance(e["name"], str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", e["name"]):
+            raise ValueError(f"{label}: name must be a string of letters, digits and . _ + - "
+                             f"(not starting with a dot), got {e['name']!r}")
+        if not isinstance(e["python"], str) or not re.fullmatch(r"\d+\.\d+", e["python"]):
+            raise ValueError(f"{label}: python must be a quoted \"X.Y\" string, got {e['python']!r}")
+        for key in ("install", "hosts"):
+            if not isinstance(e[key], list) or not all(isinstance(x, str) and x for x in e[key]) or not e[key]:
+                raise ValueError(f"{label}: {key} must be a non-empty list of strings, got {e[key]!r}")
+        if not isinstance(e["why"], str):
+            raise ValueError(f"{label}: why must be a string")
         bad = [h for h in e["hosts"] if h not in HOSTS]
         if bad:
             raise ValueError(f"{label}: unknown hosts {bad}; known: {sorted(HOSTS)}")
-        specs.append(EnvSpec(e["name"], str(e["python"]), tuple(e["install"]), tuple(e["hosts"]), e["why"]))
+        specs.append(EnvSpec(e["name"], e["python"], tuple(e["install"]), tuple(e["hosts"]), e["why"]))
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise ValueError(f"{path.name}: duplicate env names in {names}")
@@ -92,9 +104,13 @@ def stamp(spec: EnvSpec, python: str) -> str:
     return h.hexdigest()
 
 
-def _tail(path: Path, n: int = 3) -> str:
-    lines = [l for l in path.read_text(errors="replace").splitlines() if l.strip() and "WARNING: Location" not in l]
-    return " | ".join(lines[-n:])
+def _tail(path: Path, n: int = 2, limit: int = 240) -> str:
+    """The last ``n`` meaningful lines of a log, joined, at most ``limit`` characters."""
+    noise = ("WARNING: Location", "Looking in links", "Looking in indexes", "[notice]")
+    lines = [l.strip() for l in path.read_text(errors="replace").splitlines()
+             if l.strip() and not any(x in l for x in noise)]
+    text = " | ".join(lines[-n:])
+    return text if len(text) <= limit else "…" + text[-limit:]
 
 
 def build(spec: EnvSpec, root: Path, *, fresh: bool = False, log=print) -> Path:
@@ -127,8 +143,8 @@ def build(spec: EnvSpec, root: Path, *, fresh: bool = False, log=print) -> Path:
                 raise EnvError(f"install timed out after 3600 s (log: {logfile})") from None
             if rc != 0:
                 fh.flush()
-                raise EnvError(f"`{' '.join(cmd[-len(args):]) if 'pip' in cmd else 'venv'}` exited {rc}: "
-                               f"{_tail(logfile)} (log: {logfile})")
+                raise EnvError(f"{'pip install' if 'pip' in cmd else 'venv'} exited {rc}: {_tail(logfile)} "
+                               f"(log: {logfile})")
     stamp_file.write_text(want)
     log(f"[{spec.name}] installed in {time.monotonic() - t0:.0f} s")
     return venv / "bin" / "python"
@@ -155,7 +171,9 @@ def run_tests(spec: EnvSpec, python: Path, root: Path, *, log=print, pytest_args
     report = root / f"{spec.name}.report.json"
     logfile = root / f"{spec.name}.pytest.log"
     report.unlink(missing_ok=True)
+    # --continue-on-collection-errors: a module that fails at import fails its own rows, not the column.
     cmd = [str(python), "-m", "pytest", "-p", "compat_matrix.pytest_plugin", "-p", "no:cacheprovider",
+           "--continue-on-collection-errors",
            "--contract-hosts", ",".join(spec.hosts), "--compat-report", str(report), "-q", *pytest_args]
     env = dict(os.environ, TQDM_DISABLE="1", PYTHONPATH=str(REPO))
     log(f"[{spec.name}] {' '.join(cmd[1:])}")
@@ -169,3 +187,17 @@ def run_tests(spec: EnvSpec, python: Path, root: Path, *, log=print, pytest_args
     data = json.loads(report.read_text())
     data["log"] = str(logfile)
     return data
+
+
+def source_revision() -> str:
+    """The commit the tests ran from, with "+changes" when the work tree differed from it; "" outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True, timeout=30)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=30)
+    except OSError:
+        return ""
+    if head.returncode != 0:
+        return ""
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")

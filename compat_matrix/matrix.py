@@ -78,15 +78,24 @@ def render_md(m: dict) -> str:
          "(`python -m compat_matrix render` rewrites it from MATRIX.json). Each column is one virtual "
          "environment of `compat_matrix/manifest.toml`; each row is a host-contract item of "
          "`compat_matrix/contracts.py`, proven by the tests listed under Evidence.", "",
-         "Cells: **pass** (every test of the row passed there), **FAIL** (one failed, or none could run), "
-         "**skip** (all skipped; reason given), **—** (that host is not installed in that environment).", ""]
+         "Cells: **pass** (at least one test of the row passed and none failed; skipped ones are named), "
+         "**FAIL** (a test failed or was a known failure, or none could run; reason given), **skip** (every "
+         "test was skipped; reason given), **—** (the environment does not run that host's tests: see its "
+         "`hosts` in manifest.toml).", ""]
     L += ["## Environments", ""]
     vrows = [[label] + [e.get("versions", {}).get(key) or "—" for e in envs] for key, label in SHOWN_VERSIONS]
     count = [["tests passed / failed / skipped"] + [
         "{}/{}/{}".format(*(sum(t["outcome"] == o for t in e["tests"]) for o in ("passed", "failed", "skipped")))
         for e in envs]]
+    def status(e):
+        if e["status"] != "ok":
+            return f"**{e['status']}**: {e['error']}"
+        errs = e.get("collect_errors") or []
+        return "ok" if not errs else f"ok; **{len(errs)} modules failed to import**: {errs[0]['id']}: {errs[0]['reason']}"
+
     meta = [["run on"] + [e["date"] for e in envs],
-            ["status"] + [e["status"] if e["status"] == "ok" else f"**{e['status']}**: {e['error']}" for e in envs],
+            ["source revision"] + [e.get("revision") or "—" for e in envs],
+            ["status"] + [status(e) for e in envs],
             ["install / tests (s)"] + [f"{e['seconds'].get('install', 0):.0f} / {e['seconds'].get('tests', 0):.0f}"
                                        for e in envs],
             ["what it proves"] + [e["why"] for e in envs]]
@@ -104,10 +113,19 @@ def render_md(m: dict) -> str:
                 cells.append(f"**{st['fail']} FAIL** of {len(rows)}")
             elif st["pass"] == len(rows):
                 cells.append(f"yes ({len(rows)}/{len(rows)} pass)")
+            elif st["skip"] + st["n/a"] == len(rows):
+                cells.append(f"skipped ({st['skip']}/{len(rows)}; reasons below)")
             else:
                 cells.append(f"{st['pass']}/{len(rows)} pass, {st['skip']} skip")
         glance.append([title] + cells)
-    L += _table(["host contract", *names], glance) + [""]
+    def short(e):
+        v = e.get("versions", {})
+        parts = [f"py {'.'.join(v.get('python', '?').split('.')[:2])}", f"torch {v.get('torch') or '—'}"]
+        parts += [f"{label} {v[k]}" for k, label in (("mosaicml", "composer"), ("megatron-energon", "energon"))
+                  if v.get(k)]
+        return f"{e['name']} ({', '.join(parts)})"
+
+    L += _table(["host contract", *[short(e) for e in envs]], glance) + [""]
     for host, title in m["hosts"].items():
         L += [f"## {title}", ""]
         rows = []
@@ -127,6 +145,9 @@ def render_md(m: dict) -> str:
           "(test ids as `python -m pytest <id>` takes them).", ""]
     for r in m["rows"]:
         ids = sorted({i for n in names for i in r["cells"][n]["tests"]})
+        if not ids:
+            L += [f"- `{r['id']}`: no test ran in any environment", ""]
+            continue
         L += [f"<details><summary><code>{r['id']}</code>: {len(ids)} tests</summary>", ""]
         outcome = {e["name"]: {t["id"]: t for t in e["tests"]} for e in envs}
         trows = []

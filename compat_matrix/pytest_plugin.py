@@ -32,6 +32,11 @@ def pytest_collection_modifyitems(config, items):
     hosts = config.getoption("--contract-hosts")
     if hosts is None:
         return
+    from .contracts import BY_ID
+
+    unknown = sorted({f"{item.nodeid}: {i!r}" for item in items for i in contract_ids(item) if i not in BY_ID})
+    if unknown:  # a typo would silently drop a test from the matrix
+        raise pytest.UsageError("contract marks naming no row of compat_matrix/contracts.py: " + "; ".join(unknown))
     wanted = {h.strip() for h in hosts.split(",") if h.strip()}
     keep, drop = [], []
     for item in items:
@@ -99,7 +104,12 @@ class _Recorder:
         if rec is None:
             return
         rec["seconds"] = round(rec["seconds"] + report.duration, 3)
-        if report.failed:
+        if hasattr(report, "wasxfail"):  # a known failure of a contract is a failure of its row
+            if rec["outcome"] != "failed":
+                rec["outcome"] = "failed"
+                rec["reason"] = f"expected failure (xfail): {one_line(report.wasxfail)}" if report.skipped else \
+                    f"xpass: marked xfail ({one_line(report.wasxfail)}) but passed; remove the mark"
+        elif report.failed:
             if rec["outcome"] != "failed":  # the first failing phase carries the cause
                 rec["outcome"], rec["reason"] = "failed", _reason(report)
         elif report.skipped and rec["outcome"] == "not run":

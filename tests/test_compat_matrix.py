@@ -32,11 +32,23 @@ def test_manifest_has_the_issue_environments_and_default_is_the_readme_install()
 
 def test_manifest_errors_name_the_entry(tmp_path):
     bad = tmp_path / "m.toml"
-    bad.write_text('[[env]]\nname = "x"\npython = "3.11"\ninstall = []\nhosts = ["nope"]\nwhy = ""\n')
+    bad.write_text('[[env]]\nname = "x"\npython = "3.11"\ninstall = ["."]\nhosts = ["nope"]\nwhy = ""\n')
     with pytest.raises(ValueError, match=r"env #1 \(x\): unknown hosts \['nope'\]"):
         E.load_manifest(bad)
     bad.write_text('[[env]]\nname = "x"\npython = "3.11"\n')
     with pytest.raises(ValueError, match=r"missing \['hosts', 'install', 'why'\]"):
+        E.load_manifest(bad)
+    ok = {"name": '"x"', "python": '"3.11"', "install": '["."]', "hosts": '["torch"]', "why": '""'}
+    for key, value, msg in (("name", '"."', "name must be"), ("name", '""', "name must be"),
+                            ("name", '"../up"', "name must be"), ("python", "3.10", "quoted"),
+                            ("install", '".[dev]"', "install must be a non-empty list"),
+                            ("hosts", "[]", "hosts must be a non-empty list")):
+        bad.write_text("[[env]]\n" + "".join(f"{k} = {value if k == key else v}\n" for k, v in ok.items()))
+        with pytest.raises(ValueError, match=msg):
+            E.load_manifest(bad)
+    bad.write_text("[[env]]\n" + "".join(f"{k} = {v}\n" for k, v in ok.items()) * 1 + "[[env]]\n" +
+                   "".join(f"{k} = {v}\n" for k, v in ok.items()))
+    with pytest.raises(ValueError, match="duplicate env names"):
         E.load_manifest(bad)
 
 
@@ -45,6 +57,14 @@ def test_find_python():
     assert E.find_python(v) == sys.executable
     with pytest.raises(E.EnvError, match="no CPython 2.1"):
         E.find_python("2.1")
+
+
+def _pytest_with_plugin(tmp_path, hosts, report):
+    """pytest over the test files in ``tmp_path`` with the recording plugin, as the harness runs it."""
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "compat_matrix.pytest_plugin", "-p",
+                           "no:cacheprovider", "--contract-hosts", hosts, "--compat-report", str(report), "-q",
+                           "--rootdir", str(tmp_path), str(tmp_path)],
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=tmp_path)
 
 
 def test_plugin_records_outcomes_reasons_and_selects_by_host(tmp_path):
@@ -75,6 +95,16 @@ def test_plugin_records_outcomes_reasons_and_selects_by_host(tmp_path):
         def test_other_host():
             pass
 
+        @pytest.mark.contract("torch.finite")
+        @pytest.mark.xfail(reason="known bug 12")
+        def test_known_failure():
+            assert False
+
+        @pytest.mark.contract("torch.finite")
+        @pytest.mark.xfail(reason="was broken")
+        def test_xpass():
+            pass
+
         def test_untagged():
             pass
     '''))
@@ -95,10 +125,7 @@ def test_plugin_records_outcomes_reasons_and_selects_by_host(tmp_path):
             pass
     '''))
     report = tmp_path / "r.json"
-    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "compat_matrix.pytest_plugin", "-p",
-                          "no:cacheprovider", "--contract-hosts", "torch", "--compat-report", str(report),
-                          "-q", "--rootdir", str(tmp_path), str(tmp_path)],
-                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=tmp_path)
+    out = _pytest_with_plugin(tmp_path, "torch", report)
     assert out.returncode == 2, out.stdout + out.stderr  # a collection error interrupts the session
     rep = json.loads(report.read_text())
     got = {t["id"].split("::")[1]: t for t in rep["tests"]}
@@ -108,15 +135,16 @@ def test_plugin_records_outcomes_reasons_and_selects_by_host(tmp_path):
         got["test_broken_module"]["reason"]
     assert rep["collect_errors"][0]["id"] == "test_z.py"
     (tmp_path / "test_z.py").unlink()
-    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "compat_matrix.pytest_plugin", "-p",
-                          "no:cacheprovider", "--contract-hosts", "torch", "--compat-report", str(report),
-                          "-q", "--rootdir", str(tmp_path), str(tmp_path)],
-                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=tmp_path)
+    out = _pytest_with_plugin(tmp_path, "torch", report)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "2 deselected" in out.stdout
     rep = json.loads(report.read_text())
     got = {t["id"].split("::")[1]: t for t in rep["tests"]}
-    assert set(got) == {"test_ok", "test_bad", "test_skipped", "test_setup_error", "test_needs_host"}
+    assert set(got) == {"test_ok", "test_bad", "test_skipped", "test_setup_error", "test_needs_host",
+                        "test_known_failure", "test_xpass"}
+    assert got["test_known_failure"]["outcome"] == "failed"
+    assert got["test_known_failure"]["reason"] == "expected failure (xfail): known bug 12"
+    assert got["test_xpass"]["outcome"] == "failed" and got["test_xpass"]["reason"].startswith("xpass")
     assert got["test_ok"]["outcome"] == "passed" and got["test_ok"]["contracts"] == ["torch.dataloader"]
     assert got["test_bad"]["outcome"] == "failed" and "state differs" in got["test_bad"]["reason"]
     assert got["test_bad"]["contracts"] == ["torch.stateful", "torch.dataloader"]
@@ -167,18 +195,33 @@ def test_render_shows_every_reason_and_test_id():
 
 
 def test_committed_matrix_is_generated_and_current():
-    """MATRIX.md is exactly the rendering of MATRIX.json, its rows are today's contract rows, every
-    environment of the manifest has a column, and every test id it cites still exists."""
-    js = REPO / "compat_matrix" / "MATRIX.json"
-    m = json.loads(js.read_text())
+    """MATRIX.md is exactly the rendering of MATRIX.json; every cell is what the cell rule gives for its
+    column's recorded test outcomes (a pass needs a passing test); the columns are the manifest's
+    environments as they stand (python, install, hosts) and carry a run date and source revision; the rows
+    are today's contract rows; every test id cited still exists."""
+    m = json.loads((REPO / "compat_matrix" / "MATRIX.json").read_text())
     assert (REPO / "compat_matrix" / "MATRIX.md").read_text() == matrix.render_md(m), \
         "MATRIX.md differs from its JSON: run `python -m compat_matrix render`"
     assert [r["id"] for r in m["rows"]] == [c.id for c in CONTRACTS], "rows changed: re-run the matrix"
-    assert [e["name"] for e in m["envs"]] == [s.name for s in E.load_manifest()]
+    specs = E.load_manifest()
+    assert [e["name"] for e in m["envs"]] == [s.name for s in specs], "environments changed: re-run the matrix"
+    for spec, e in zip(specs, m["envs"]):
+        assert (e["install"], e["hosts"]) == (list(spec.install), list(spec.hosts)), f"{spec.name}: re-run it"
+        assert e["versions"]["python"].startswith(spec.python + "."), spec.name
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d", e["date"]) and re.fullmatch(r"[0-9a-f]{12}(\+changes)?", e["revision"])
     for r in m["rows"]:
-        for name, cl in r["cells"].items():
-            assert cl["status"] in ("pass", "fail", "skip", "n/a")
-            assert cl["status"] in ("pass", "n/a") or cl["reason"], (r["id"], name)
+        for e in m["envs"]:
+            cl = r["cells"][e["name"]]
+            assert cl == matrix.cell(BY_ID[r["id"]], e), f"{r['id']} x {e['name']} is not what its tests say"
+            if cl["status"] == "pass":
+                assert any(t["outcome"] == "passed" and t["id"] in cl["tests"] for t in e["tests"])
             for tid in cl["tests"]:
                 path, func = tid.split("::")[0], re.split(r"[\[]", tid.split("::")[-1])[0]
                 assert re.search(rf"def {func}\(", (REPO / path).read_text()), f"{tid} cited by {r['id']} is gone"
+
+
+def test_plugin_refuses_a_contract_mark_naming_no_row(tmp_path):
+    (tmp_path / "test_typo.py").write_text("import pytest\n\n@pytest.mark.contract('energon.vall')\n"
+                                           "def test_typo():\n    pass\n")
+    out = _pytest_with_plugin(tmp_path, "energon", tmp_path / "r.json")
+    assert out.returncode == 4 and "'energon.vall'" in out.stderr, out.stdout + out.stderr
