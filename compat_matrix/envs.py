@@ -194,8 +194,9 @@ def source_revision() -> str:
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True,
                               text=True, timeout=30)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, timeout=30)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":!compat_matrix/MATRIX.md", ":!compat_matrix/MATRIX.json"],  # the run's own output
+                               cwd=REPO, capture_output=True, text=True, timeout=30)
     except OSError:
         return ""
     if head.returncode != 0:
