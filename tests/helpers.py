@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 from collections import defaultdict
 
 from zephon.engine import Loader
@@ -68,3 +69,13 @@ def reference_digests(dirs, tokenizer, steps=None, **kwargs):
     finally:
         L.close()
     return h.digests()
+
+
+REQUIRED = inspect.Parameter.empty  # host_keywords' value for a parameter without a default
+
+
+def host_keywords(fn) -> dict:
+    """{name: default} of every parameter of ``fn`` a caller can pass by keyword (``self`` excluded);
+    ``REQUIRED`` for one without a default. The host framework's own signature, as a test oracle."""
+    return {p.name: p.default for p in inspect.signature(fn).parameters.values()
+            if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}

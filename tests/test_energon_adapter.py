@@ -23,6 +23,7 @@ from megatron.energon.epathlib import EPath  # noqa: E402
 from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory  # noqa: E402
 
 import zephon_energon as ze  # noqa: E402
+from helpers import REQUIRED, host_keywords  # noqa: E402
 from zephon.engine import CheckpointError  # noqa: E402
 
 
@@ -584,14 +585,6 @@ def test_subflavors_keyword_merges_like_energon(text_ds, tmp_path):
 
 
 # -- the host's own signatures -------------------------------------------------------------------
-def _host_keywords(fn):
-    """{keyword: default} of ``fn``; required ones map to ``REQUIRED``."""
-    import inspect
-    return {p.name: REQUIRED if p.default is p.empty else p.default
-            for p in inspect.signature(fn).parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-
-
-REQUIRED = object()
 
 
 @pytest.mark.contract("energon.keywords")
@@ -599,8 +592,8 @@ REQUIRED = object()
 def test_every_keyword_of_the_installed_energon_is_accepted_at_its_default(text_ds, fn):
     """Oracle: the installed megatron-energon's own signatures. Every keyword it has exists here, and a
     call spelling out any one of its defaults builds and yields (Megatron-LM passes most explicitly)."""
-    host = _host_keywords(getattr(me, fn))
-    assert not set(host) - set(_host_keywords(getattr(ze, fn))), f"{fn}: keywords of this Energon missing"
+    host = host_keywords(getattr(me, fn))
+    assert not set(host) - set(host_keywords(getattr(ze, fn))), f"{fn}: keywords of this Energon missing"
     required = {"worker_config": wc(), "batch_size": 2, "shuffle_buffer_size": None,
                 "max_samples_per_sequence": None, "canonical_replicas": R}
     for name, default in host.items():

@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.data import DataLoader  # noqa: E402
 
+from helpers import host_keywords  # noqa: E402
 from zephon.engine import CheckpointError  # noqa: E402
 from zephon_streaming import RefusedKeyword, Stream, StreamingDataLoader, StreamingDataset  # noqa: E402
 
@@ -414,12 +415,6 @@ def test_replication_gives_replica_ranks_identical_batches(data):
 
 
 # -- the host's own signatures -------------------------------------------------------------------
-def _host_keywords(fn):
-    import inspect
-    return {p.name: p.default for p in inspect.signature(fn).parameters.values()
-            if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-
-
 # Host defaults Zephon refuses on purpose (docs/streaming.md), with the words its refusal must contain.
 REFUSED_DEFAULTS = {"batch_size": "batch_size"}
 
@@ -429,8 +424,8 @@ def test_every_keyword_of_the_installed_streaming_dataset_is_accepted_at_its_def
     """Oracle: the installed mosaicml-streaming's own ``StreamingDataset``/``Stream`` signatures. A config
     written for Mosaic that spells out a default (as llm-foundry YAMLs do) must build unchanged."""
     streaming = pytest.importorskip("streaming")
-    host = _host_keywords(streaming.StreamingDataset.__init__)
-    ours = _host_keywords(StreamingDataset.__init__)
+    host = host_keywords(streaming.StreamingDataset.__init__)
+    ours = host_keywords(StreamingDataset.__init__)
     assert not set(host) - set(ours), f"keywords of streaming {streaming.__version__} missing here"
     differ = {k: (host[k], ours[k]) for k in host if ours[k] != host[k]}
     assert not differ, f"defaults that differ from streaming {streaming.__version__}'s (host, ours): {differ}"
@@ -445,8 +440,8 @@ def test_every_keyword_of_the_installed_streaming_dataset_is_accepted_at_its_def
             continue
         ds = make(data, **kw)
         assert len(ds) > 0, name
-    s_host = _host_keywords(streaming.Stream.__init__)
-    assert not set(s_host) - set(_host_keywords(Stream.__init__))
+    s_host = host_keywords(streaming.Stream.__init__)
+    assert not set(s_host) - set(host_keywords(Stream.__init__))
     for name, default in s_host.items():
         if name not in ("local", "split", "remote"):
             ds = make(data, streams=[Stream(local=data["a"], split="train", **{name: default})], local=None,

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchdata")
 
 import zephon_torch  # noqa: E402
-from helpers import StepHasher, make_loader, reference_digests  # noqa: E402
+from helpers import REQUIRED, StepHasher, host_keywords, make_loader, reference_digests  # noqa: E402
 from torch_jobs import R, consume, make_dataset, rows_of, small_corpus, step_digests  # noqa: E402
 from zephon.engine import CheckpointError, merge_states  # noqa: E402
 
@@ -203,7 +203,6 @@ def test_torchtitan_accepts_every_keyword_and_config_field_of_its_text_loader(co
     """Oracle: the installed torchtitan's ``HuggingFaceTextDataLoader``: each of its keyword-only
     arguments and each field of its ``Config``, at torchtitan's default, builds a loader that yields."""
     import dataclasses
-    import inspect
 
     hf = pytest.importorskip("torchtitan.hf_datasets.text_datasets").HuggingFaceTextDataLoader
     from zephon_torch.titan import ZephonTextDataLoader
@@ -220,11 +219,11 @@ def test_torchtitan_accepts_every_keyword_and_config_field_of_its_text_loader(co
         inputs, _ = next(iter(ZephonTextDataLoader(cfg, **base)))
         assert inputs["input"].shape == (R, 32), f.name
     cfg = ZephonTextDataLoader.Config(dataset_path=path, canonical_replicas=R, chunk_size=16)
-    for p in inspect.signature(hf.__init__).parameters.values():
-        if p.kind is p.KEYWORD_ONLY and p.name not in base:
-            assert p.default is not p.empty, f"torchtitan requires {p.name}, which this check does not supply"
-            inputs, _ = next(iter(ZephonTextDataLoader(cfg, **base, **{p.name: p.default})))
-            assert inputs["input"].shape == (R, 32), p.name
+    for name, default in host_keywords(hf.__init__).items():
+        if name not in base and name != "config":
+            assert default is not REQUIRED, f"torchtitan requires {name}, which this check does not supply"
+            inputs, _ = next(iter(ZephonTextDataLoader(cfg, **base, **{name: default})))
+            assert inputs["input"].shape == (R, 32), name
     with pytest.raises(ValueError, match="persistent_workers=True is not supported"):
         ZephonTextDataLoader(ZephonTextDataLoader.Config(dataset_path=path, persistent_workers=True), **base)
 
@@ -238,21 +237,19 @@ REFUSED_LOADER_DEFAULTS = {"batch_size": "batch_size"}
 def test_every_keyword_of_the_installed_loader_is_accepted_at_its_default(dirs, tokenizer_path, cls):
     """Oracle: the installed torch ``DataLoader`` / torchdata ``StatefulDataLoader`` signatures: every
     keyword, spelled out at the host's default, builds a loader that yields micro-batches of the rank."""
-    import inspect
-
     from torchdata.stateful_dataloader import StatefulDataLoader as TDL
     from torch.utils.data import DataLoader as TorchDL
 
     host = TorchDL if cls == "DataLoader" else TDL
     ours = getattr(zephon_torch, cls)
     assert issubclass(ours, host)
-    for p in inspect.signature(host.__init__).parameters.values():
-        if p.name in ("self", "dataset") or p.kind is not p.POSITIONAL_OR_KEYWORD and p.kind is not p.KEYWORD_ONLY:
+    for name, default in host_keywords(host.__init__).items():
+        if name == "dataset":
             continue
         ds = make_dataset(dirs, tokenizer_path, dp=2, rank=1)
-        if p.name in REFUSED_LOADER_DEFAULTS:
-            with pytest.raises(ValueError, match=REFUSED_LOADER_DEFAULTS[p.name]):
-                ours(ds, **{p.name: p.default})
+        if name in REFUSED_LOADER_DEFAULTS:
+            with pytest.raises(ValueError, match=REFUSED_LOADER_DEFAULTS[name]):
+                ours(ds, **{name: default})
             continue
-        mb = next(iter(ours(ds, **{p.name: p.default})))
-        assert mb["input_ids"].ndim == 2, p.name
+        mb = next(iter(ours(ds, **{name: default})))
+        assert mb["input_ids"].ndim == 2, name
