@@ -222,17 +222,22 @@ def test_torch_merge_with_a_missing_lane_is_refused_on_every_rank(world, torch_r
         assert f"lacks lanes {MISSING_LANES[world]} of 8" in message
 
 
+def _failures_naming(torch_run, world, missing, key, tag):
+    """The failure each surviving rank of a ``world``-rank run recorded under ``key``, each checked to name
+    the ``missing`` rank and the run ``tag``."""
+    survivors = [x for r, x in enumerate(torch_run(world)) if r != missing]
+    assert len(survivors) == world - 1
+    for x in survivors:
+        f = x[key]
+        assert f is not None, f"the {key} round did not fail"
+        assert f["missing"] == [missing] and f"ranks [{missing}]" in f["message"] and tag in f["message"]
+    return [x[key] for x in survivors]
+
+
 @pytest.mark.contract("torch.faults")
 @pytest.mark.parametrize("world", [2, 4])
 def test_torch_rank_that_exits_is_named_by_the_others_within_the_timeout(world, torch_run):
-    victim = TORCH_VICTIM[world]
-    survivors = [x for r, x in enumerate(torch_run(world)) if r != victim]
-    assert len(survivors) == world - 1
-    for x in survivors:
-        f = x["fault"]
-        assert f is not None, "the fault round did not fail"
-        assert f["missing"] == [victim]
-        assert f"ranks [{victim}]" in f["message"] and "torch-fault" in f["message"]
+    for f in _failures_naming(torch_run, world, TORCH_VICTIM[world], "fault", "torch-fault"):
         assert f"timeout {FAULT_TIMEOUT:g} s" in f["message"]
         assert (f["timeout"], f["run"]) == (FAULT_TIMEOUT, "torch-fault")
         assert f["elapsed"] <= FAULT_TIMEOUT + SLACK
@@ -240,23 +245,13 @@ def test_torch_rank_that_exits_is_named_by_the_others_within_the_timeout(world, 
 
 @pytest.mark.contract("torch.faults")
 def test_torch_rank_that_hangs_is_named_by_the_others_after_the_timeout(torch_run):
-    survivors = [x for r, x in enumerate(torch_run(4)) if r != TORCH_HUNG]
-    for x in survivors:
-        f = x["hung"]
-        assert f is not None, "the round with a hung rank did not fail"
-        assert f["missing"] == [TORCH_HUNG] and f"ranks [{TORCH_HUNG}]" in f["message"]
-        assert "torch-hung" in f["message"]
+    for f in _failures_naming(torch_run, 4, TORCH_HUNG, "hung", "torch-hung"):
         assert FAULT_TIMEOUT * 0.9 <= f["elapsed"] <= FAULT_TIMEOUT + SLACK  # waited the timeout, no longer
 
 
 @pytest.mark.contract("torch.faults")
 def test_torch_rank_absent_when_the_aggregator_is_built_is_named(torch_run):
-    survivors = [x for r, x in enumerate(torch_run(4)) if r != TORCH_HUNG]
-    for x in survivors:
-        f = x["absent"]
-        assert f is not None, "building the aggregator without one rank did not fail"
-        assert f["missing"] == [TORCH_HUNG] and f"ranks [{TORCH_HUNG}]" in f["message"]
-        assert "torch-absent" in f["message"]
+    for f in _failures_naming(torch_run, 4, TORCH_HUNG, "absent", "torch-absent"):
         assert f["elapsed"] <= FAULT_TIMEOUT + SLACK
 
 
