@@ -122,8 +122,7 @@ def main(argv=None) -> int:
         c = {o: sum(t["outcome"] == o for t in res["tests"]) for o in ("passed", "failed", "skipped")}
         print(f"== {s.name}: {res['status']} {res['error']} passed {c['passed']} failed {c['failed']} "
               f"skipped {c['skipped']} ({res['seconds']})", flush=True)
-        write([results[n] for n in names if n in results])  # a partial matrix survives an interruption
-    m = write([results[n] for n in names if n in results])
+        m = write([results[n] for n in names if n in results])  # after each column: survives an interruption
     fails = [(r["id"], n) for r in m["rows"] for n, c in r["cells"].items() if c["status"] == "fail"]
     print(f"wrote {MD} and {JS.name}: {len(m['rows'])} rows x {len(m['envs'])} environments, "
           f"{len(fails)} failing cells")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -23,25 +24,35 @@ def contract_ids(item) -> list[str]:
     return [i for m in item.iter_markers("contract") for i in m.args]
 
 
+def wanted_hosts(config) -> set[str] | None:
+    """The hosts of ``--contract-hosts``, or None when the option is absent (no selection)."""
+    hosts = config.getoption("--contract-hosts")
+    return None if hosts is None else {h.strip() for h in hosts.split(",") if h.strip()}
+
+
+def of_hosts(ids, wanted) -> bool:
+    """Whether any contract row id in ``ids`` belongs to a host in ``wanted`` (None: every host)."""
+    return wanted is None or any(i.split(".", 1)[0] in wanted for i in ids)
+
+
 def pytest_configure(config):
     if config.getoption("--compat-report"):
         config.pluginmanager.register(_Recorder(config), "compat_matrix_recorder")
 
 
 def pytest_collection_modifyitems(config, items):
-    hosts = config.getoption("--contract-hosts")
-    if hosts is None:
+    wanted = wanted_hosts(config)
+    if wanted is None:
         return
     from .contracts import BY_ID
 
     unknown = sorted({f"{item.nodeid}: {i!r}" for item in items for i in contract_ids(item) if i not in BY_ID})
     if unknown:  # a typo would silently drop a test from the matrix
         raise pytest.UsageError("contract marks naming no row of compat_matrix/contracts.py: " + "; ".join(unknown))
-    wanted = {h.strip() for h in hosts.split(",") if h.strip()}
     keep, drop = [], []
     for item in items:
         ids = contract_ids(item)
-        (keep if any(i.split(".", 1)[0] in wanted for i in ids) else drop).append(item)
+        (keep if of_hosts(ids, wanted) else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
@@ -76,8 +87,8 @@ class _Recorder:
         self.tests: dict[str, dict] = {}
         self.unimported: dict[str, dict] = {}
         self.collect_errors: list[dict] = []
-        hosts = config.getoption("--contract-hosts")
-        self.hosts = None if hosts is None else {h.strip() for h in hosts.split(",") if h.strip()}
+        self.hosts = wanted_hosts(config)
+        self._tags: dict[Path, dict] = {}  # static tag map per test directory, read once
 
     def pytest_collection_finish(self, session):  # after deselection: the tests that will run
         for item in session.items:
@@ -93,9 +104,11 @@ class _Recorder:
         # A module that skips or fails at import yields no items: its tests come from the static tag map.
         from .tagmap import collect_tags
 
-        wanted, module = self.hosts, self.rootpath / report.nodeid
-        for tid, ids in collect_tags(module.parent, self.rootpath)[0].items():
-            if tid.split("::")[0] == report.nodeid and (wanted is None or any(i.split(".")[0] in wanted for i in ids)):
+        folder = (self.rootpath / report.nodeid).parent
+        if folder not in self._tags:
+            self._tags[folder] = collect_tags(folder, self.rootpath)[0]
+        for tid, ids in self._tags[folder].items():
+            if tid.split("::")[0] == report.nodeid and of_hosts(ids, self.hosts):
                 self.unimported[tid] = {"id": tid, "contracts": ids, "seconds": 0.0, "reason": reason,
                                         "outcome": "failed" if report.failed else "skipped"}
 
