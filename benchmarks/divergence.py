@@ -19,7 +19,8 @@ equal the uninterrupted N-rank run's. Each peer follows its own rules for a resu
   rank gets ``N * 2 / M`` workers), each rank restores its redistributed state.
 * ``streaming``: Mosaic ``StreamingDataset(local=<mds>, batch_size=G/N, shuffle=True,
   num_canonical_nodes=8)``, one process per rank (``RANK``, ``WORLD_SIZE``,
-  one node, ``LOCAL_WORLD_SIZE`` = ranks, launched together); rank 0's ``state_dict(k * G, True)`` (global) is loaded by every rank of the M-rank run.
+  one node, ``LOCAL_WORLD_SIZE`` = ranks, launched together); rank 0's ``state_dict(k * G, True)`` (global)
+  is loaded by every rank of the M-rank run.
 """
 from __future__ import annotations
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 import os
 import time
 
-import numpy as np
-
 from .common import RssWatch, Timer
 
 

@@ -7,7 +7,8 @@ repetition in its own subprocess; repetitions interleaved in an order rotated ea
 shared machine hits every configuration alike), prints the tables of medians and ratios, and (full
 run, unless ``--no-write``) writes them with the machine, the date, the exact command and the plots
 into docs/benchmarks.md (between the ``side-by-side`` markers) and docs/img/. ``--quick``: a quarter
-of the corpus, 1 repetition, fewer steps, no Streaming divergence run: about 3 minutes on 2 busy cores. Prints only; asserts nothing.
+of the corpus, 1 repetition, fewer steps, no Streaming divergence run: about 3 minutes on 2 busy cores.
+Prints only; asserts nothing.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import time
 from pathlib import Path
 
 from . import report
-from .common import REPO, machine, ok, run_child
+from .common import REPO, machine, run_child
 from .prepare import prepare
 
 
@@ -81,8 +82,9 @@ def main(argv=None) -> int:
         return 0
     only = {int(x) for x in args.only.split(",") if x.strip()}
     repeats = args.repeats or (1 if args.quick else 3)
+    given = sys.argv[1:] if argv is None else argv
     command = "python -m benchmarks" + ("" if argv is None and len(sys.argv) <= 1 else
-                                        " " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)))
+                                        " " + " ".join(shlex.quote(a) for a in given))
     t_start = time.perf_counter()
     info = machine()
     log(f"# {command}\n# {info['date']}, nproc={info['nproc']}, {info['cpu']}, code {info['code']}, "

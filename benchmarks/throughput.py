@@ -346,7 +346,8 @@ def summarize(results: dict, configs: list[str]) -> list[str]:
             med[cfg] = statistics.median(r["tokens"] / r["seconds"] for r in rs)
     base = med.get("raw")
     cols = ["configuration", "tokens/s median (min-max)", "ratio vs raw", "per-round ratios", "pass s",
-            "CPU s (cores busy)", "tokens/CPU-s", "startup s", "1st batch s", "rows", "peak RSS MiB main / worker", "reps"]
+            "CPU s (cores busy)", "tokens/CPU-s", "startup s", "1st batch s", "rows", "peak RSS MiB main / worker",
+            "reps"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for cfg in configs:
         runs = results[cfg]
@@ -387,8 +388,10 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.throughput", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workdir", default=default_workdir(), help="demo corpus and tokenizer cache (default: %(default)s)")
-    ap.add_argument("--repeats", type=int, default=None, help="timed repetitions per configuration (default 3; 1 with --quick)")
+    ap.add_argument("--workdir", default=default_workdir(),
+                    help="demo corpus and tokenizer cache (default: %(default)s)")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="timed repetitions per configuration (default 3; 1 with --quick)")
     ap.add_argument("--runners", default=DEFAULT_RUNNERS, help="comma-separated zephon runners (default: %(default)s)")
     ap.add_argument("--workers", type=int, default=2, help="num_workers of the threads/processes runners")
     ap.add_argument("--canonical-replicas", type=int, default=8, help="lanes")

@@ -28,7 +28,7 @@ def _machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as fh:
-            cpu = next(l.split(":", 1)[1].strip() for l in fh if l.startswith("model name"))
+            cpu = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
     return f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}), no GPU" \

@@ -27,10 +27,15 @@ HOSTS = {
 
 _ROWS = [
     # Mosaic Streaming
-    ("streaming.keywords", "StreamingDataset/Stream accept 0.13's keyword names; unsupported ones are refused with the reason"),
-    ("streaming.mds_format", "MDS shards written by streaming.MDSWriter read equal to streaming.StreamingDataset (encodings, compression, hashes)"),
-    ("streaming.state_dict", "state_dict(num_samples, from_beginning) / load_state_dict: JSON state, other config refused"),
-    ("streaming.epochs", "each __iter__ is the next epoch; per-rank __len__ equals what is yielded, equal on every rank"),
+    ("streaming.keywords",
+     "StreamingDataset/Stream accept 0.13's keyword names; unsupported ones are refused with the reason"),
+    ("streaming.mds_format",
+     "MDS shards written by streaming.MDSWriter read equal to streaming.StreamingDataset "
+     "(encodings, compression, hashes)"),
+    ("streaming.state_dict",
+     "state_dict(num_samples, from_beginning) / load_state_dict: JSON state, other config refused"),
+    ("streaming.epochs",
+     "each __iter__ is the next epoch; per-rank __len__ equals what is yielded, equal on every rank"),
     ("streaming.resume", "mid-epoch and epoch-end resume continue exactly"),
     ("streaming.elastic", "resume at another world size / num_workers gives identical global batches"),
     ("streaming.dataloader", "StreamingDataLoader and torch DataLoader workers give the rank's exact stream and state"),
@@ -55,8 +60,11 @@ _ROWS = [
     ("torch.distributed", "real torch.distributed (gloo) ranks: merged checkpoint, elastic resume"),
     ("torch.faults", "a dead, hung or absent rank is named within the timeout; partial merges refused"),
     # torchtitan
-    ("torchtitan.loader", "BaseDataLoader subclass: constructor shape, (input, positions)/labels batches, DCP-able state"),
-    ("torchtitan.dcp_resume", "training loop with DCP save/load of model + optimizer + loader: resumed at dp 1/2/4, identical global batches; at the same dp, identical losses"),
+    ("torchtitan.loader",
+     "BaseDataLoader subclass: constructor shape, (input, positions)/labels batches, DCP-able state"),
+    ("torchtitan.dcp_resume",
+     "training loop with DCP save/load of model + optimizer + loader: resumed at dp 1/2/4, identical global "
+     "batches; at the same dp, identical losses"),
 ]
 
 CONTRACTS = [Contract(i, i.split(".", 1)[0], t) for i, t in _ROWS]

@@ -107,8 +107,8 @@ def stamp(spec: EnvSpec, python: str) -> str:
 def _tail(path: Path, n: int = 2, limit: int = 240) -> str:
     """The last ``n`` meaningful lines of a log, joined, at most ``limit`` characters."""
     noise = ("WARNING: Location", "Looking in links", "Looking in indexes", "[notice]")
-    lines = [l.strip() for l in path.read_text(errors="replace").splitlines()
-             if l.strip() and not any(x in l for x in noise)]
+    lines = [line.strip() for line in path.read_text(errors="replace").splitlines()
+             if line.strip() and not any(x in line for x in noise)]
     text = " | ".join(lines[-n:])
     return text if len(text) <= limit else "…" + text[-limit:]
 

@@ -91,7 +91,9 @@ def render_md(m: dict) -> str:
         if e["status"] != "ok":
             return f"**{e['status']}**: {e['error']}"
         errs = e.get("collect_errors") or []
-        return "ok" if not errs else f"ok; **{len(errs)} modules failed to import**: {errs[0]['id']}: {errs[0]['reason']}"
+        if not errs:
+            return "ok"
+        return f"ok; **{len(errs)} modules failed to import**: {errs[0]['id']}: {errs[0]['reason']}"
 
     meta = [["run on"] + [e["date"] for e in envs],
             ["source revision"] + [e.get("revision") or "—" for e in envs],

@@ -76,7 +76,7 @@ def _reason(report) -> str:
     if crash is not None:
         return one_line(crash.message)
     # A collection error's text ends with the exception ("E   ModuleNotFoundError: ...").
-    lines = [l.strip() for l in str(report.longrepr).splitlines() if l.strip()]
+    lines = [line.strip() for line in str(report.longrepr).splitlines() if line.strip()]
     return one_line(lines[-1].removeprefix("E").strip() if lines else "")
 
 

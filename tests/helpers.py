@@ -15,7 +15,8 @@ FIELDS = ("input_ids", "labels", "position_ids", "attention_mask")
 def make_loader(dirs, tokenizer, *, dp=1, rank=0, runner="inline", micro_batch=1, canonical_replicas=8,
                 global_batch_size=None, max_length=128, seed=0, exhaustion="repeat", drop_last=True,
                 chunk_size=32, flush_every_k_chunks=2, shuffle_buffer=4, weights=None, fmt=None,
-                on_error="raise", lane_assignment="contiguous", num_workers=2, unit_size=32, extra_ops=(), pre_pack_ops=()):
+                on_error="raise", lane_assignment="contiguous", num_workers=2, unit_size=32, extra_ops=(),
+                pre_pack_ops=()):
     datasets = [open_dataset(d, format=fmt, on_error=on_error) for d in dirs]
     ops = [Decode("text"), *extra_ops, Tokenize(tokenizer, eos_id="<eos>", max_length=max_length),
            *pre_pack_ops, Pack(max_length)]
@@ -79,3 +80,18 @@ def host_keywords(fn) -> dict:
     ``REQUIRED`` for one without a default. The host framework's own signature, as a test oracle."""
     return {p.name: p.default for p in inspect.signature(fn).parameters.values()
             if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def count_preads(monkeypatch) -> list[int]:
+    """Patch ``os.pread`` to record the size of every read; returns the (growing) list of sizes in bytes."""
+    import os
+
+    sizes: list[int] = []
+    real = os.pread
+
+    def counting(fd, n, at):
+        out = real(fd, n, at)
+        sizes.append(len(out))
+        return out
+    monkeypatch.setattr(os, "pread", counting)
+    return sizes

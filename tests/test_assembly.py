@@ -1,10 +1,10 @@
-"""engine.StepAssembly: lane items interleaved arbitrarily (per-lane order kept) come out in rank order."""
+"""host.StepAssembly: lane items interleaved arbitrarily (per-lane order kept) come out in rank order."""
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon.engine import StepAssembly
+from zephon.host import StepAssembly
 
 
 @st.composite

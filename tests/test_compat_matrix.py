@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 def test_manifest_has_the_issue_environments_and_default_is_the_readme_install():
     specs = {s.name: s for s in E.load_manifest()}
     assert {"default", "composer-0.32.1", "energon-7.3.2", "py3.13"} <= set(specs)
-    readme_first = next(l for l in (REPO / "README.md").read_text().splitlines() if "pip install" in l)
+    readme_first = next(line for line in (REPO / "README.md").read_text().splitlines() if "pip install" in line)
     assert "-e '.[dev]'" in readme_first and specs["default"].install == (".[dev]",)
     assert specs["default"].python == "3.11" and set(specs["default"].hosts) == set(HOSTS)
     assert "mosaicml==0.32.1" in specs["composer-0.32.1"].install

@@ -19,7 +19,7 @@ import traceback
 
 import pytest
 
-from zephon.dist import (AggregationError, DirectoryAggregator, committed_rounds, gather_checkpoint,
+from zephon.checkpoint import (AggregationError, DirectoryAggregator, committed_rounds, gather_checkpoint,
                          latest_checkpoint)
 from zephon.engine import CheckpointError, merge_states
 
@@ -109,7 +109,7 @@ def _torch_child(rank, world, store_file, paths, out_dir):
     try:
         import torch.distributed as dist
 
-        from zephon.dist import TorchDistAggregator
+        from zephon.checkpoint import TorchDistAggregator
 
         dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=world)
         ok = TorchDistAggregator(timeout=OK_TIMEOUT, run_id="torch-ok")
@@ -470,10 +470,10 @@ def test_gather_checkpoint_in_one_process_merges_or_names_missing_lanes(paths):
         gather_checkpoint(half, world_size=2)
 
 
-def test_the_core_and_zephon_dist_import_without_torch():
+def test_the_core_and_zephon_checkpoint_import_without_torch():
     code = ("import sys; sys.modules['torch'] = None\n"  # any `import torch` now raises ImportError
-            "import zephon, zephon.dist, zephon.engine\n"
-            "from zephon.dist import gather_checkpoint, DirectoryAggregator, TorchDistAggregator\n"
+            "import zephon, zephon.checkpoint, zephon.engine\n"
+            "from zephon.checkpoint import gather_checkpoint, DirectoryAggregator, TorchDistAggregator\n"
             "print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -20,7 +20,7 @@ import energon_data as E  # noqa: E402
 
 from zephon.formats import DataError, open_dataset  # noqa: E402
 from zephon.formats import energon as zen  # noqa: E402
-from zephon.formats import wds as zwds  # noqa: E402
+from zephon.formats.energon import wds as zwds  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +192,8 @@ def test_epoch_holds_split_minus_exclude_and_indices_skip_excluded(data):
     assert keys == sorted(data["text_keys"]["train"])  # tar order, excluded keys skipped exactly
     assert [ds.sample_key(0, i) for i in range(5)] == ["t0000", "t0001", "t0003", "t0004", "t0005"]
     # restore indices count excluded samples, as Energon's do
-    assert ds.read(0, [2])[0]["__restore_key__"] == ["Webdataset", 3] and ds.raw_index(1, 4) == 10 and ds.raw_index(2, 0) == 12
+    assert ds.read(0, [2])[0]["__restore_key__"] == ["Webdataset", 3]
+    assert ds.raw_index(1, 4) == 10 and ds.raw_index(2, 0) == 12
     # unsorted, repeated indices; each occurrence its own dict
     recs = ds.read(2, [5, 0, 5])
     assert [r["__key__"] for r in recs] == ["t0017", "t0012", "t0017"] and recs[0] is not recs[2]
@@ -265,7 +266,7 @@ def test_metadataset_leaves_equal_energon(data):
             assert leaf["subset"]["absolute_range"] == sub.absolute_range
             total = len(ld.dataset)
             assert zen.subset_bounds(leaf["subset"], total) == sub.compute_subset(total)
-    assert [l["weight"] for l in leaves] == pytest.approx([2 / 3, 1 / 3 * 3 / 4, 1 / 3 * 1 / 4])
+    assert [leaf["weight"] for leaf in leaves] == pytest.approx([2 / 3, 1 / 3 * 3 / 4, 1 / 3 * 1 / 4])
     val = zen.load_metadataset(data["mds"], "val")
     assert len(val) == 1 and val[0]["weight"] is None and val[0]["path"] == data["images"]
 
@@ -303,8 +304,8 @@ def test_metadataset_blend_epochized(data, tmp_path):
         "train": {"blend_epochized": [{"path": str(inner), "repetitions": 3}, {"path": data["crude"]}]}}}))
     leaves = zen.load_metadataset(str(outer), "train")
     theirs = load_dataset(EPath(str(outer))).get_datasets(training=False, split_part="train", worker_config=_wc())
-    assert [l["repetitions"] for l in leaves] == [ld.repetitions for ld in theirs.datasets] == [6, 1.5, 1]
-    assert [l["split_part"] for l in leaves] == ["train", "val", "train"]
+    assert [leaf["repetitions"] for leaf in leaves] == [ld.repetitions for ld in theirs.datasets] == [6, 1.5, 1]
+    assert [leaf["split_part"] for leaf in leaves] == ["train", "val", "train"]
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2", "splits": {
         "train": {"blend": [{"path": str(inner)}, {"path": data["crude"]}]}}}))

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from zephon.engine import Loader, merge_states
+from zephon.engine import merge_states
 from zephon.engine.runners import InlineRunner
 
 from helpers import StepHasher, make_loader, run_steps
@@ -99,8 +99,8 @@ def test_checkpoint_size_is_flat_in_chunk_size_and_steps(corpus, tokenizer_path)
     # per lane only counters grow, by digits: at most 64 lanes x 2 more digits x 3 counters
     assert len(longer) - len(small) <= 64 * 6
     lanes = json.loads(longer)["lanes"]
-    assert len(lanes) == 64 and all(sorted(e) == ["delivered_rows", "lane", "replay_cursor", "sentinel_chunk", "sentinel_offset"]
-                                    for e in lanes)
+    lane_keys = ["delivered_rows", "lane", "replay_cursor", "sentinel_chunk", "sentinel_offset"]
+    assert len(lanes) == 64 and all(sorted(e) == lane_keys for e in lanes)
 
 
 class CountingRunner(InlineRunner):
@@ -153,7 +153,7 @@ def test_stats_count_replayed_rows_without_redelivering(corpus, tokenizer_path):
 
 
 def test_local_aggregator_merges_once_every_rank_contributed(corpus, tokenizer_path):
-    from zephon.dist import LocalAggregator
+    from zephon.checkpoint import LocalAggregator
     from zephon.engine import CheckpointError
 
     ranks = [make_loader([corpus["docs_jsonl"]], tokenizer_path, dp=4, rank=r) for r in range(4)]

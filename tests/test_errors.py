@@ -158,7 +158,7 @@ def test_tampered_checkpoint_is_refused(corpus, tokenizer_path, field, value):
 
 
 def test_inconsistent_lane_entry_is_refused_even_with_a_matching_digest(corpus, tokenizer_path):
-    from zephon.engine.checkpoint import digest
+    from zephon.checkpoint import digest
 
     state = make_loader([corpus["docs_jsonl"]], tokenizer_path).checkpoint()
     state["lanes"][0]["replay_cursor"] = 5  # more than delivered_rows (0)
@@ -194,7 +194,8 @@ def test_skip_mode_skips_bad_field_values_too(tmp_path, texts, tokenizer_path):
     positions = [p for mb in _drain(L) for srcs in mb["__src__"] for p, _ in srcs]
     stats = L.stats()
     assert stats["skipped"] == 3, stats
-    assert sorted(int(m.split("sample ")[1].split(")")[0].split(",")[0]) for m in stats["skipped_messages"]) == [4, 9, 12]
+    skipped_samples = [int(m.split("sample ")[1].split(")")[0].split(",")[0]) for m in stats["skipped_messages"]]
+    assert sorted(skipped_samples) == [4, 9, 12]
     assert len(positions) == len(set(positions)) == len(texts) - 3
 
 

@@ -13,7 +13,6 @@ import pickle
 import random
 import shutil
 import threading
-import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +21,7 @@ import pytest
 import zstandard
 
 from zephon.formats import DataError, DataWarning, Dataset, ShardInfo, inspect_source, open_dataset
-from zephon.formats import compression, index_cache, jsonl
+from zephon.formats import codecs, index_cache, jsonl
 
 # ---------------------------------------------------------------- helpers
 
@@ -120,8 +119,8 @@ def test_jsonl_repeated_indices_give_independent_dicts(tmp_path):
 @pytest.mark.parametrize("compress", [None, "gz", "zst"])
 def test_jsonl_tiny_blocks_crlf_no_trailing_newline(tmp_path, monkeypatch, compress):
     # Lines straddle block boundaries; CRLF endings; last line has no newline.
-    monkeypatch.setattr(compression, "BLOCK_SIZE", 5)
-    monkeypatch.setattr(compression, "_ZSTD_INPUT_BLOCK", 3)
+    monkeypatch.setattr(codecs, "BLOCK_SIZE", 5)
+    monkeypatch.setattr(codecs, "_ZSTD_INPUT_BLOCK", 3)
     suffix = {None: "", "gz": ".gz", "zst": ".zst"}[compress]
     path = write_jsonl(tmp_path / f"b.jsonl{suffix}", make_records(30), compress, crlf=True,
                        trailing_newline=False)
@@ -164,10 +163,10 @@ def test_build_line_index_matches_python_split():
 def test_decompressed_cache_is_bounded(tmp_path):
     paths = [write_jsonl(tmp_path / f"{i}.jsonl.zst", make_records(5, seed=i), "zst") for i in range(4)]
     ds = open_dataset(paths)
-    compression.clear_cache()
+    codecs.clear_cache()
     for shard in range(4):
         assert ds.read(shard, [4, 0]) == [reference_jsonl(paths[shard])[i] for i in (4, 0)]
-        assert len(compression._cache) <= compression.MAX_DECOMPRESSED
+        assert len(codecs._cache) <= codecs.MAX_DECOMPRESSED
 
 
 def test_threads_share_a_dataset(tmp_path):

@@ -22,7 +22,7 @@ import pytest
 from zephon.formats import DataError, open_dataset
 from zephon.formats import mds
 
-from helpers import StepHasher, make_loader, run_steps
+from helpers import StepHasher, count_preads, make_loader, run_steps
 
 # ---------------------------------------------------------------- writing and reference reading
 
@@ -386,14 +386,7 @@ def test_uncompressed_reads_only_header_and_requested_samples(tmp_path, monkeypa
     d = write_mds(tmp_path / "big", {"text": "str"}, samples, size_limit=None)  # one shard of ~200 kB
     ds = open_dataset(d)
     assert ds.shard_sizes == [200]
-    read = []
-    real = os.pread
-
-    def counting(fd, n, at):
-        out = real(fd, n, at)
-        read.append(len(out))
-        return out
-    monkeypatch.setattr(os, "pread", counting)
+    read = count_preads(monkeypatch)
     assert ds.read(0, [150, 3]) == [{"text": samples[150]["text"]}, {"text": samples[3]["text"]}]
     assert sum(read) < 4 + 201 * 4 + 2 * 1004 + 1000  # header + two samples, far from 200 kB
 

@@ -450,8 +450,10 @@ def normalised_spread(stream, weights):
 
 @pytest.mark.parametrize("weights,spec_fn", [
     ([0.5, 0.5], lambda rng: [(0, 10)] * 600 + [(1, 100)] * 60),
-    ([0.5, 0.5], lambda rng: [(0, rng.randint(1, 20)) for _ in range(500)] + [(1, rng.randint(60, 140)) for _ in range(50)]),
-    ([1, 3], lambda rng: [(0, rng.randint(5, 15)) for _ in range(300)] + [(1, rng.randint(80, 100)) for _ in range(100)]),
+    ([0.5, 0.5], lambda rng: ([(0, rng.randint(1, 20)) for _ in range(500)]
+                              + [(1, rng.randint(60, 140)) for _ in range(50)])),
+    ([1, 3], lambda rng: ([(0, rng.randint(5, 15)) for _ in range(300)]
+                          + [(1, rng.randint(80, 100)) for _ in range(100)])),
 ])
 @pytest.mark.parametrize("order", ["bursty", "random"])
 def test_ensure_mixture_token_shares(weights, spec_fn, order):
@@ -464,7 +466,8 @@ def test_ensure_mixture_token_shares(weights, spec_fn, order):
     # nothing lost, nothing duplicated; per-dataset order kept (FIFO queues)
     assert sorted(r["__src__"] for r in out) == sorted(r["__src__"] for r in recs)
     for d in range(len(weights)):
-        assert [r["__src__"] for r in out if r["__src__"][0] == d] == [r["__src__"] for r in recs if r["__src__"][0] == d]
+        assert ([r["__src__"] for r in out if r["__src__"][0] == d]
+                == [r["__src__"] for r in recs if r["__src__"][0] == d])
     # Bound: a release always comes from the dataset with the smallest r_d / w_d and raises it by at most
     # L_d / w_d, so max - min of r_d / w_d never exceeds max_d (L_d / w_d) while every dataset still has
     # documents left. With equal-or-proportional totals that holds to the very end.
@@ -597,7 +600,8 @@ def test_collate_stacks_equal_shapes_and_lists_ragged():
     assert b["input_ids"].tolist() == [[0, 1, 2, 3], [10, 11, 12, 13], [20, 21, 22, 23]]
     assert b["input_ids"].dtype == np.int32
     assert b["m"].shape == (3, 2, 3) and b["m"][:, 0, 0].tolist() == [0, 1, 2]
-    assert isinstance(b["cu_seqlens"], list) and [c.tolist() for c in b["cu_seqlens"]] == [[0, 1], [0, 1, 2], [0, 1, 2, 3]]
+    assert isinstance(b["cu_seqlens"], list)
+    assert [c.tolist() for c in b["cu_seqlens"]] == [[0, 1], [0, 1, 2], [0, 1, 2, 3]]
     assert b["num_tokens"] == [0, 1, 2]
     assert b["__src__"] == [[(0, 0)], [(1, 0)], [(2, 0)]]
     # same-length but mixed types stay a list

@@ -3,7 +3,8 @@
 Lanes, not ranks, own data: the global order is a pure function of the config, identical for every
 dp_degree that divides ``canonical_replicas``, across checkpoints and resumes.
 """
-from .engine import CheckpointError, GlobalBatchHasher, Loader, merge_states
+from .checkpoint import CheckpointError, merge_states
+from .engine import GlobalBatchHasher, Loader
 from .formats import DataError, open_dataset
 from .ops import Batch, Decode, EnsureMixture, Filter, Map, Pack, Shuffle, Tokenize
 from .work import TopologyError, WorkSource

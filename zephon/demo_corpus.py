@@ -14,6 +14,8 @@ import os
 import sysconfig
 from pathlib import Path
 
+from .formats.fileio import atomic_write, atomic_writer
+
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>"]
 
 
@@ -65,7 +67,8 @@ def build_corpus(workdir, limit_bytes: int = 12 << 20, shards: int = 4) -> dict:
     import pyarrow.parquet as pq
 
     workdir = Path(workdir)
-    out = {f"{name}_{fmt}": str(workdir / fmt / name) for name in ("source", "docstrings") for fmt in ("jsonl", "parquet")}
+    out = {f"{name}_{fmt}": str(workdir / fmt / name)
+           for name in ("source", "docstrings") for fmt in ("jsonl", "parquet")}
     stamp = workdir / "corpus.json"
     if stamp.exists() and json.loads(stamp.read_text()).get("limit_bytes") == limit_bytes:
         return out
@@ -75,13 +78,15 @@ def build_corpus(workdir, limit_bytes: int = 12 << 20, shards: int = 4) -> dict:
             Path(out[f"{name}_{fmt}"]).mkdir(parents=True, exist_ok=True)
         for k in range(shards):
             part = docs[k::shards]
-            with open(Path(out[f"{name}_jsonl"]) / f"part-{k:05d}.jsonl", "w", encoding="utf-8") as fh:
-                for d in part:
-                    fh.write(json.dumps(d) + "\n")
+            # atomic: a second process building the same corpus at once never exposes a half-written part
+            lines = "".join(json.dumps(d) + "\n" for d in part)
+            atomic_write(Path(out[f"{name}_jsonl"]) / f"part-{k:05d}.jsonl", lines)
             table = pa.table({"text": [d["text"] for d in part], "file": [d["file"] for d in part]})
-            pq.write_table(table, Path(out[f"{name}_parquet"]) / f"part-{k:05d}.parquet", row_group_size=1000)
-    stamp.write_text(json.dumps({"limit_bytes": limit_bytes, "source_docs": len(source),
-                                 "docstring_docs": len(docstrings)}))
+            with atomic_writer(Path(out[f"{name}_parquet"]) / f"part-{k:05d}.parquet") as fh:
+                pq.write_table(table, fh, row_group_size=1000)
+    # the stamp says "complete": written last and atomically, so a crash mid-build means a rebuild
+    atomic_write(stamp, json.dumps({"limit_bytes": limit_bytes, "source_docs": len(source),
+                                    "docstring_docs": len(docstrings)}))
     return out
 
 
@@ -107,9 +112,7 @@ def build_tokenizer(workdir, corpus_dirs, vocab_size: int = 8192) -> str:
                         yield json.loads(line)["text"]
 
     tok.train_from_iterator(texts(), trainer)
-    tmp = path.with_suffix(".tmp")
-    tok.save(str(tmp))
-    os.replace(tmp, path)
+    atomic_write(path, tok.to_str(pretty=True))  # what tok.save(path) writes, never half of it
     return str(path)
 
 

@@ -41,7 +41,7 @@ def run_phase(make_loader, phase: Phase, restore_from: dict | None = None, progr
         if restore_from is not None:
             for L in loaders:
                 L.restore(restore_from)
-        per_step = [len(L.lanes) * (L.rows_per_step // phase.micro_batch) for L in loaders]
+        per_step = [len(L.lanes) * (L.rows_per_lane_step // phase.micro_batch) for L in loaders]
         iters = [iter(L) for L in loaders]
         hasher = GlobalBatchHasher()
         for step in range(phase.start, phase.stop):

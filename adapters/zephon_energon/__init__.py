@@ -45,7 +45,7 @@ __all__ = [
     "DefaultTaskEncoder", "EnergonDataset", "ImageClassificationSample", "ImageSample", "InterleavedSample",
     "MultiChoiceVQASample", "OCRSample", "RefusedKeyword", "Sample", "SavableDataLoader",
     "SimilarityInterleavedSample", "SkipSample", "TaskEncoder", "TextSample", "VQASample", "VidQASample",
-    "WorkerConfig", "ZephonEnergonWarning", "basic_sample_keys", "batch_list", "batch_pad_stack", "batch_stack", "cooker", "edataclass",
-    "generic_batch", "get_loader", "get_savable_loader", "get_train_dataset", "get_val_dataset", "get_val_datasets",
-    "stateless",
+    "WorkerConfig", "ZephonEnergonWarning", "basic_sample_keys", "batch_list", "batch_pad_stack", "batch_stack",
+    "cooker", "edataclass", "generic_batch", "get_loader", "get_savable_loader", "get_train_dataset",
+    "get_val_dataset", "get_val_datasets", "stateless",
 ]

@@ -1,238 +1,58 @@
-"""``get_train_dataset`` / ``get_val_dataset``: Energon's entry points on Zephon lanes.
+"""``get_train_dataset`` / ``get_val_dataset(s)``: Energon's entry points on Zephon lanes.
 
-A returned dataset is a torch ``IterableDataset`` holding one data-parallel rank's Zephon pipeline:
-
-    WorkSource (mixture of the prepared datasets, seeded permutations, ``canonical_replicas`` lanes)
-      -> workers: read tar members (``.tar.idx`` random access), build Energon samples from
-         ``field_map`` (or crude samples + cookers), ``encode_sample``            [EncodeSamples]
-      -> pump, one accumulator per lane: shuffle buffer (``shuffle_buffer_size``), the task
-         encoder's packing (``packing_buffer_size``)                              [Shuffle, TaskPack]
-      -> tail: ``batch_size`` rows of one lane per micro-batch (``batch_drop_last``) [Batch]
-      -> ``task_encoder.batch`` + ``encode_batch`` on that lane micro-batch.
-
-Iterated by a DataLoader worker it owns ``split_lanes(rank_lanes, num_workers, worker_id)`` and yields
-``(meta, batch)`` pairs whose ``meta`` carries the lane's checkpoint entry; the loaders of this package
-(``get_savable_loader``) put the lanes back in the rank's order and keep the consumed state.
+Translates Energon's keywords into a Zephon pipeline (operators, lanes, chunking, flush span) for one
+data-parallel rank and returns it as an ``EnergonDataset`` (pipeline.py, which shows its stages). Keywords:
+keywords.py; where samples come from (datasets, metadatasets, blend weights): sources.py. See docs/energon.md.
 """
 from __future__ import annotations
 
-import gc
 import os
 import warnings
 
-from torch.utils.data import IterableDataset, get_worker_info
+from megatron.energon import DefaultTaskEncoder
 
-from megatron.energon import DefaultTaskEncoder, WorkerConfig
-from megatron.energon.errors import reraise_exception
-
-from zephon.engine import Loader
 from zephon.ops import Batch, Filter, Shuffle
-from zephon.work import lanes_for_rank, split_lanes
+from zephon.work import lanes_for_rank
 
-from ._encode import EncodeSamples, SampleFactory, TaskPack, _call, _expand, energon_context, keep, overridden
+from ._hooks import keep, overridden
+from ._pack import TaskPack
+from ._samples import EncodeSamples, SampleFactory
+from .keywords import (DEFAULT_CANONICAL_REPLICAS, ZEPHON_KEYWORDS, RefusedKeyword, ZephonEnergonWarning,
+                       check_worker_config, deprecated_keywords, error_handler, refuse)
+from .pipeline import EnergonDataset
+from .sources import _open_sources, _weights
 
-#: Zephon keywords accepted on top of Energon's (documented in docs/energon.md).
-ZEPHON_KEYWORDS = ("canonical_replicas", "chunk_size", "flush_span", "lane_assignment")
-DEFAULT_CANONICAL_REPLICAS = 64
-
-
-class RefusedKeyword(ValueError):
-    """An Energon keyword (or value) zephon_energon cannot honour; the message says why."""
-
-
-class ZephonEnergonWarning(UserWarning):
-    """A configuration zephon_energon runs but that is probably not what was meant (the message says why
-    and what to set)."""
-
-
-def _refuse(name, reason):
-    raise RefusedKeyword(f"{name}: {reason}")
-
-
-def _check_worker_config(wc) -> None:
-    if wc is None:
-        raise ValueError("worker_config is required (WorkerConfig(rank=, world_size=, num_workers=)), as in Energon")
-    for attr in ("rank", "world_size", "num_workers"):
-        v = getattr(wc, attr, None)
-        if not isinstance(v, int) or v < 0:
-            raise ValueError(f"worker_config.{attr} must be an int >= 0, got {v!r}")
-    if getattr(wc, "worker_debug_path", None) is not None or getattr(wc, "worker_log_level", 0):
-        _refuse("worker_config.worker_debug_path/worker_log_level", "Energon's per-worker debug log is not written by "
-                "zephon_energon; Loader statistics come from SavableDataLoader.stats()")
-
-
-def _handler(wc):
-    """The hook error handler: Energon's ``global_error_handler`` (default: log and skip the sample)."""
-    h = getattr(wc, "global_error_handler", None)
-    return None if h is None or h is reraise_exception else h
-
-
-def _open_sources(path, split_part, kwargs):
-    """``[(zephon Dataset, SampleFactory-args, weight, repetitions)]`` for a prepared dataset directory or
-    a metadataset YAML."""
-    from zephon.formats import open_dataset
-    try:
-        from zephon.formats import energon as efmt
-    except ImportError as e:  # pragma: no cover - the reader ships with the core
-        raise ImportError("zephon.formats.energon (the Energon-prepared WebDataset reader) is missing") from e
-
-    path = os.fspath(path)
-    if os.path.isfile(path):
-        entries = efmt.load_metadataset(path, split_part)
-    else:
-        entries = [{"path": path, "weight": None, "subset": None, "repetitions": None, "subflavors": None,
-                    "split_part": split_part}]
-    out = []
-    for e in entries:
-        # Raw parts: the task encoder's own decoder (Energon's SampleDecoder) decodes them on the workers.
-        open_kwargs = {"format": "energon", "split_part": e.get("split_part") or split_part, "decode": False}
-        if e.get("subset"):
-            open_kwargs["subset"] = e["subset"]
-        ds = open_dataset(e["path"], **open_kwargs)  # no __fields__ without decoding: SampleFactory maps them
-        out.append((ds, e))
-    return out
-
-
-def _weights(sources, repeat: bool):
-    """Core datasets and mixture weights: ``blend`` weights as given; ``blend_epochized`` repetitions r
-    (whole numbers) list the dataset r times, each weighted by its size, so one pass of the mixture is
-    r passes of that dataset."""
-    reps = [e.get("repetitions") for _, e in sources]
-    if any(r not in (None, 1) for r in reps):
-        datasets, weights, metas = [], [], []
-        for (ds, e), r in zip(sources, reps):
-            r = 1 if r is None else r
-            if r != int(r) or r < 1:
-                _refuse("blend_epochized repetitions", f"{r} for {e['path']}: only whole repetitions >= 1 are "
-                        f"supported (use a subset range for a fraction)")
-            for _ in range(int(r)):
-                datasets.append(ds)
-                weights.append(ds.num_samples)
-                metas.append(e)
-        return datasets, weights, metas
-    ws = [e.get("weight") for _, e in sources]
-    if len(sources) > 1 and any(w is not None for w in ws):
-        if not repeat:
-            _refuse("repeat=False", "a weighted blend repeats its datasets (Energon asserts repeat=True for blends too)")
-        weights = [1.0 if w is None else float(w) for w in ws]
-    elif len(sources) > 1:  # no weights (a concatenation): proportional to size, one pass of each
-        weights = [ds.num_samples for ds, _ in sources]
-    else:
-        weights = None
-    return [ds for ds, _ in sources], weights, [e for _, e in sources]
-
-
-class EnergonDataset(IterableDataset):
-    """One rank's pipeline (see the module docstring). Built by ``get_train_dataset`` /
-    ``get_val_dataset``; attributes: ``worker_config``, ``loader`` (the rank's template
-    ``zephon.Loader``: config, fingerprint, lanes, starting state; never iterated itself),
-    ``batch_size``, ``virtual_epoch_length``, ``limit``, ``training``."""
-
-    def __init__(self, *, datasets, weights, ops, loader_kwargs, worker_config, task_encoder, batch_size,
-                 training: bool, virtual_epoch_length: int = 0, limit=None, seed_offset: int = 0,
-                 gc_every: int = 0, sources=()):
-        super().__init__()
-        self.worker_config = worker_config
-        self.task_encoder = task_encoder
-        self.batch_size = batch_size
-        self.training = training
-        self.virtual_epoch_length = virtual_epoch_length
-        self.limit = limit
-        self.seed_offset = seed_offset
-        self.gc_every = gc_every
-        self.sources = list(sources)
-        self._args = (list(datasets), list(ops))
-        self._kwargs = dict(loader_kwargs, weights=weights)
-        self.loader = self._new_loader(None)
-        self._batch_hooks = overridden(task_encoder, "batch"), overridden(task_encoder, "encode_batch")
-
-    def _new_loader(self, lanes) -> Loader:
-        return Loader(*self._args, emit_state=True, runner="inline", num_workers=1, lanes=lanes, **self._kwargs)
-
-    def build_loader(self, lanes=None) -> Loader:
-        """A ``Loader`` for ``lanes`` (default: the whole rank) starting from this dataset's starting state."""
-        L = self._new_loader(lanes)
-        L.restore(self.loader.checkpoint())
-        return L
-
-    def __len__(self) -> int:
-        if self.virtual_epoch_length:
-            return self.virtual_epoch_length
-        if self.limit:
-            return self.limit
-        raise TypeError("the length of a Zephon Energon dataset is known only with virtual_epoch_length (train) or "
-                        "limit (val): packing, SkipSample and generator hooks change it")
-
-    def __iter__(self):
-        info = get_worker_info()
-        lanes = None if info is None else split_lanes(self.loader.rank_lanes, info.num_workers, info.id)
-        if lanes == []:
-            return  # a worker with no share of the rank's lanes ends at once (the DataLoader skips it)
-        L = self.build_loader(lanes)
-        n = 0
-        try:
-            for mb in L:
-                meta = {"lane": mb["__lane__"], "step": mb["__step__"], "micro": mb["__micro__"],
-                        "state": mb["__state__"]}
-                payloads = self._finish(mb)
-                if not payloads:
-                    yield dict(meta, last=True, skip=True), None
-                for k, p in enumerate(payloads):
-                    yield dict(meta, last=k == len(payloads) - 1, skip=False), p
-                n += 1
-                if self.gc_every and n % self.gc_every == 0:
-                    gc.collect()
-        finally:
-            L.close()
-
-    def _finish(self, mb) -> list:
-        """A lane micro-batch -> what the loader yields: the sample (``batch_size=None``) or
-        ``encode_batch(batch(samples))`` (a generator may give several batches, ``SkipSample`` none)."""
-        samples = list(mb["sample"])
-        if self.batch_size is None:
-            return samples
-        src = mb["__src__"][0]
-        first = src[0][0] if isinstance(src, list) else src[3]
-        record = {"__src__": src if not isinstance(src, list) else None}
-        handler = _handler(self.worker_config)
-        te = self.task_encoder
-        with energon_context(self.seed_offset, first):
-            batch = _call(te.batch, samples, record, handler, "batch")
-            if batch is None:
-                return []
-            if not self._batch_hooks[1]:
-                return [batch]
-            return _expand(_call(te.encode_batch, batch, record, handler, "encode_batch"), record, handler,
-                           "encode_batch")
+__all__ = ["DEFAULT_CANONICAL_REPLICAS", "EnergonDataset", "RefusedKeyword", "ZephonEnergonWarning",
+           "get_train_dataset", "get_val_dataset", "get_val_datasets"]
 
 
 def _build(path, *, split_part, worker_config, batch_size, batch_drop_last, packing_buffer_size, shuffle_buffer_size,
            task_encoder, repeat, training, virtual_epoch_length=0, limit=None, kwargs, entries=None) -> EnergonDataset:
-    _check_worker_config(worker_config)
+    check_worker_config(worker_config)
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be an int >= 1 or None, got {batch_size!r}")
     if task_encoder is None:
         task_encoder = DefaultTaskEncoder()
     zk = {k: kwargs.pop(k) for k in ZEPHON_KEYWORDS if k in kwargs}
-    _deprecated(kwargs, task_encoder)
+    deprecated_keywords(kwargs, task_encoder)
     if kwargs.pop("cache_pool", None) is not None:
-        _refuse("cache_pool", "auxiliary file stores and cache pools are not supported by zephon_energon")
+        refuse("cache_pool", "auxiliary file stores and cache pools are not supported by zephon_energon")
     for k in ("dataset_config", "split_config"):
         if k in kwargs:
             v = kwargs.pop(k)
             default = "dataset.yaml" if k == "dataset_config" else "split.yaml"
             if v != default:
-                _refuse(k, f"{v!r}: zephon's reader reads .nv-meta/{default} only")
+                refuse(k, f"{v!r}: zephon's reader reads .nv-meta/{default} only")
 
     subflavors = kwargs.pop("subflavors", None)
     if subflavors is not None and not isinstance(subflavors, dict):
         raise ValueError(f"subflavors must be a dict, got {type(subflavors).__name__}")
     if kwargs:
-        _refuse(", ".join(sorted(kwargs)), "not an Energon keyword zephon_energon can honour "
-                f"(Zephon extras: {', '.join(ZEPHON_KEYWORDS)})")
+        refuse(", ".join(sorted(kwargs)), "not an Energon keyword zephon_energon can honour "
+               f"(Zephon extras: {', '.join(ZEPHON_KEYWORDS)})")
     if overridden(task_encoder, "batch_group_criterion"):
-        _refuse("task_encoder.batch_group_criterion", "grouped batching (GroupBatchDataset) is not supported: batches "
-                "are batch_size rows of one lane")
+        refuse("task_encoder.batch_group_criterion", "grouped batching (GroupBatchDataset) is not supported: batches "
+               "are batch_size rows of one lane")
 
     sources = _open_sources(path, split_part, {}) if entries is None else entries
     if subflavors:  # Energon: the keyword merge-overrides the (meta)dataset's subflavors of every sample
@@ -241,7 +61,7 @@ def _build(path, *, split_part, worker_config, batch_size, batch_drop_last, pack
     factories = [SampleFactory(e["path"], getattr(ds, "energon", {}) or {}, e.get("subflavors"))
                  for ds, e in zip(datasets, metas)]
     seed = int(getattr(worker_config, "seed_offset", 0) or 0)
-    handler = _handler(worker_config)
+    handler = error_handler(worker_config)
     ops = [EncodeSamples(factories, task_encoder, postencode=packing_buffer_size is None, seed_offset=seed,
                          error_handler=handler),
            Filter(keep, name="zephon_energon.skipped")]
@@ -316,21 +136,6 @@ def _check_lanes(ds, path, total, batch_size, explicit_replicas) -> None:
                       f"same sample can appear twice in one batch); {fit}", ZephonEnergonWarning, stacklevel=4)
 
 
-def _deprecated(kwargs, task_encoder) -> None:
-    """Energon's deprecated keywords, handled as Energon 7.4 does: ``handler`` is ignored with a warning;
-    ``auto_decode=False`` drops the decoder; ``image_decode``/``av_decode``/``video_decode_audio`` set a
-    ``SampleDecoder`` on the task encoder (refused if it already has a different one)."""
-    if "handler" in kwargs:
-        kwargs.pop("handler")
-        warnings.warn("handler is deprecated in Energon and ignored (as Energon does): errors in TaskEncoder hooks go "
-                      "to worker_config.global_error_handler", DeprecationWarning, stacklevel=4)
-    from megatron.energon.task_encoder.loader import _split_deprecated_dataset_kwargs
-
-    dec = {k: kwargs.pop(k) for k in ("auto_decode", "image_decode", "av_decode", "video_decode_audio")
-           if k in kwargs}
-    _split_deprecated_dataset_kwargs(dec, task_encoder, None)
-
-
 def get_train_dataset(path, *, split_part="train", worker_config, batch_size, batch_drop_last: bool = False,
                       packing_buffer_size=None, shuffle_buffer_size, max_samples_per_sequence,
                       virtual_epoch_length: int = 0, shuffle_over_epochs_multiplier=1, task_encoder=None,
@@ -346,8 +151,8 @@ def get_train_dataset(path, *, split_part="train", worker_config, batch_size, ba
     Raises ``RefusedKeyword`` for a keyword it cannot honour, ``TopologyError`` when ``world_size`` does
     not divide ``canonical_replicas``."""
     if shuffle_over_epochs_multiplier not in (None, 1):
-        _refuse("shuffle_over_epochs_multiplier", f"{shuffle_over_epochs_multiplier}: Zephon visits every sample "
-                f"exactly once per pass (multiplier 1)")
+        refuse("shuffle_over_epochs_multiplier", f"{shuffle_over_epochs_multiplier}: Zephon visits every sample "
+               f"exactly once per pass (multiplier 1)")
     if not isinstance(virtual_epoch_length, int) or virtual_epoch_length < 0:
         raise ValueError(f"virtual_epoch_length must be an int >= 0, got {virtual_epoch_length!r}")
     return _build(path, split_part=split_part, worker_config=worker_config, batch_size=batch_size,

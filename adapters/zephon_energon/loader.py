@@ -1,22 +1,23 @@
 """``get_savable_loader`` / ``get_loader``: torch DataLoaders over an ``EnergonDataset``.
 
-DataLoader workers each iterate a share of the rank's lanes (``zephon.work.split_lanes``) and send
-``(meta, batch)`` pairs; the consuming process puts them back in the rank's order (step, micro-batch,
-lane) and records each lane's checkpoint entry as its batch is handed to the training loop
-(``zephon.engine.Progress``). ``save_state_rank()`` is therefore exactly what was consumed, independent
-of ``num_workers`` and prefetching, and plain JSON data (``torch.load(..., weights_only=True)`` reads
-it back). States of several ranks merge into one that restores at any world size dividing
-``canonical_replicas``.
+DataLoader workers each iterate a share of the rank's lanes and send ``(meta, batch)`` pairs; the
+dataset's ``zephon.host.RankSession`` puts them back in the rank's order (step, micro-batch, lane), agrees
+with the other ranks where a finite pass ends, and records each lane's checkpoint entry as its batch is
+handed to the training loop. ``save_state_rank()`` is therefore exactly what was consumed, independent of
+``num_workers`` and prefetching, and plain JSON data (``torch.load(..., weights_only=True)`` reads it
+back). States of several ranks merge into one that restores at any world size dividing
+``canonical_replicas``. This module translates Energon's loader API (epochs, limits, state calls) only.
 """
 from __future__ import annotations
+
+import gc
 
 import torch
 import torch.distributed as dist
 import torch.utils.data
 from torch.utils.data._utils.collate import default_convert
 
-from zephon.engine import CheckpointError, Progress, StepAssembly, merge_states
-
+from ._state import check_state, epoch_offset, merged_state
 from .dataset import EnergonDataset, RefusedKeyword
 
 
@@ -30,8 +31,6 @@ def _convert(item):
 def _worker_init(_worker_id: int) -> None:
     """In a forked worker: disarm DataLoader iterators inherited from the parent (other live loaders);
     their ``__del__`` would otherwise signal the parent's workers to stop."""
-    import gc
-
     from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
     for obj in gc.get_objects():
@@ -45,7 +44,8 @@ class _ZephonLoaderBase(torch.utils.data.DataLoader):
             raise TypeError(f"{type(self).__name__} needs a dataset from zephon_energon.get_train_dataset / "
                             f"get_val_dataset, got {type(dataset).__name__}")
         if cache_pool is not None:
-            raise RefusedKeyword("cache_pool: auxiliary file stores and cache pools are not supported by zephon_energon")
+            raise RefusedKeyword("cache_pool: auxiliary file stores and cache pools are not supported by "
+                                 "zephon_energon")
         self.worker_config = dataset.worker_config
         nw = self.worker_config.num_workers
         kwargs = {}
@@ -54,37 +54,34 @@ class _ZephonLoaderBase(torch.utils.data.DataLoader):
                           worker_init_fn=_worker_init)
         super().__init__(dataset, batch_size=None, shuffle=False, num_workers=nw, collate_fn=_convert,
                          pin_memory=torch.cuda.is_available(), **kwargs)
-        self._progress = Progress(dataset.loader)
+        self._session = dataset.session
         self._source = None
-        self.dropped_batches = 0
 
     def __len__(self) -> int:
         return len(self.dataset)
 
+    @property
+    def dropped_rows(self) -> int:
+        """Rows (samples, or packs with packing) of a finite pass (``repeat=False``, ``batch_drop_last=True``)
+        after the last step every lane of every rank completed: not delivered, counted."""
+        return self._session.dropped_rows
+
     def _ordered(self):
         """The rank's items in order from a fresh DataLoader iteration starting at the consumed state."""
-        L = self.dataset.loader
-        L.restore(self._progress.checkpoint())
-        asm = StepAssembly(L.rank_lanes, self._progress.checkpoint()["lanes"], L.rows_per_step,
-                           L.batch.micro_batch_size)
+        self._session.begin()
         if self.num_workers:
-            import gc
-            gc.collect()  # as Energon: no dead DataLoader iterators in the forked workers (their __del__ would run there)
-        for meta, payload in torch.utils.data.DataLoader.__iter__(self):
-            for group in asm.add(meta["step"], meta["micro"], meta["lane"], (meta, payload), last=meta["last"]):
-                yield from group
-        for group in asm.finish():
-            yield from group
+            gc.collect()  # as Energon: no dead DataLoader iterators in the forked workers (their __del__ runs there)
+        yield from self._session.ordered_items(torch.utils.data.DataLoader.__iter__(self))
 
     def _take(self, limit=None, restart_finished: bool = False):
-        """Yield up to ``limit`` batches from the live rank stream (started on demand), recording the
-        state of each lane micro-batch as its last batch is handed out."""
+        """Yield up to ``limit`` batches from the live rank stream (started on demand); the session records
+        each lane micro-batch's state as its last batch is handed out."""
         count, restarted = 0, False
         while limit is None or count < limit:
             if self._source is None:
                 self._source = self._ordered()
             try:
-                meta, payload = next(self._source)
+                _meta, payload = next(self._source)
             except StopIteration:
                 self._source = None
                 if count == 0 and restart_finished and not restarted:  # a finished finite pass: start over
@@ -92,16 +89,11 @@ class _ZephonLoaderBase(torch.utils.data.DataLoader):
                     self._fresh()
                     continue
                 return
-            if meta["last"]:
-                self._progress.observe({"__state__": meta["state"]})
-            if meta["skip"]:
-                continue
             count += 1
             yield payload
 
     def _fresh(self) -> None:
-        self.dataset.loader.restore(_zero(self.dataset))
-        self._progress.reset()
+        self._session.load(None)
 
     def close(self) -> None:
         """Stop this loader's worker processes (the next iteration starts them again)."""
@@ -113,18 +105,11 @@ class _ZephonLoaderBase(torch.utils.data.DataLoader):
             self._source = None
 
     def stats(self) -> dict:
-        """Consumed state summary: ``step`` (global steps every lane of the rank completed) and per-lane
-        delivered rows."""
-        st = self._progress.checkpoint()
-        return {"step": st["step"], "delivered_rows": {e["lane"]: e["delivered_rows"] for e in st["lanes"]}}
-
-
-def _zero(dataset) -> dict:
-    L = dataset.loader
-    from zephon.engine import checkpoint as ckpt
-    entries = [{"lane": lane, "sentinel_chunk": 0, "sentinel_offset": 0, "replay_cursor": 0, "delivered_rows": 0}
-               for lane in L.rank_lanes]
-    return ckpt.make_state(L.fingerprint, L.summary, L.canonical_replicas, L.rows_per_step, entries)
+        """Consumed state summary: ``step`` (global steps every lane of the rank completed), per-lane
+        delivered rows and ``dropped_rows`` (a finite pass's tail, see the property)."""
+        st = self._session.rank_state()
+        return {"step": st["step"], "delivered_rows": {e["lane"]: e["delivered_rows"] for e in st["lanes"]},
+                "dropped_rows": self.dropped_rows}
 
 
 class SavableDataLoader(_ZephonLoaderBase):
@@ -176,23 +161,18 @@ class SavableDataLoader(_ZephonLoaderBase):
             self._fresh()
 
     def save_state_rank(self) -> dict:
-        state = self._progress.checkpoint()
+        state = self._session.rank_state()
         if self._epoch_length() is not None:
             state["epoch_offset"] = self._epoch_offset
         return state
 
     def restore_state_rank(self, state) -> None:
-        if state is None:  # Energon: None is the initial state
-            state = _zero(self.dataset)
-        offset = _epoch_offset(state, self.dataset.loader.rank_lanes)
-        if isinstance(state, (list, tuple)):
-            state = _merge_list(state)
-        if not isinstance(state, dict):
-            raise CheckpointError(f"not a zephon_energon state: {type(state).__name__} (an Energon pickle state cannot "
-                                  f"be restored; start from a Zephon save_state_rank())")
+        check_state(state)
+        offset = epoch_offset(state, self.dataset.loader.rank_lanes)
         self._stop()
-        self.dataset.loader.restore(state)  # validates now: CheckpointError names what differs / which lanes lack
-        self._progress.reset()
+        # None: the initial state (as Energon); a list of rank states is merged. Validated now: CheckpointError
+        # names what differs or which lanes are missing.
+        self._session.load(state)
         self._epoch_offset, self._reset_pending = offset, False
 
     def save_state_global(self, global_dst_rank: int):
@@ -209,7 +189,7 @@ class SavableDataLoader(_ZephonLoaderBase):
         if src_rank is not None and wc.world_size > 1 and dist.is_available() and dist.is_initialized():
             group = wc.data_parallel_group
             g_src = dist.get_global_rank(group, src_rank) if group is not None else src_rank
-            box = [_merge_list(state) if wc.rank == src_rank else None]
+            box = [merged_state(state) if wc.rank == src_rank else None]
             dist.broadcast_object_list(box, src=g_src, group=group)
             state = box[0]
         self.restore_state_rank(state)
@@ -236,61 +216,8 @@ class BasicDataLoader(_ZephonLoaderBase):
 
     def __iter__(self):
         self._stop()
-        self.dataset.loader.restore(_zero(self.dataset))
-        self._progress.reset()
+        self._fresh()
         return self._take(self.dataset.limit)
-
-
-def _epoch_offset(state, rank_lanes) -> int:
-    """The position in the current virtual / limited epoch a restored rank continues from: a rank state's
-    ``epoch_offset``; from several (merged) rank states, the offset of the rank that held this rank's first
-    lane (at the same world size: its own)."""
-    first = rank_lanes[0] if rank_lanes else None
-    if isinstance(state, dict):
-        by_lane = state.get("epoch_offsets")
-        if isinstance(by_lane, dict):
-            return int(by_lane.get(str(first), 0))
-        return int(state.get("epoch_offset", 0) or 0)
-    if isinstance(state, (list, tuple)):
-        for s in state:
-            if isinstance(s, dict) and any(isinstance(e, dict) and e.get("lane") == first for e in s.get("lanes", ())):
-                return _epoch_offset(s, rank_lanes)
-    return 0
-
-
-def _merge_list(states):
-    if isinstance(states, dict):
-        return states
-    states = [s for s in states if s is not None]
-    if not states:
-        raise CheckpointError("no rank states given")
-    if len(states) == 1:
-        return states[0]
-    lanes = {}
-    for s in states:
-        if not isinstance(s, dict):
-            raise CheckpointError(f"not a zephon_energon rank state: {type(s).__name__}")
-    offsets = {str(e["lane"]): _epoch_offset(s, [e["lane"]]) for s in states for e in s.get("lanes", ())
-               if isinstance(e, dict) and "lane" in e}
-    merged = _merge_lanes(states, lanes)
-    if any(offsets.values()):  # per lane, the epoch offset of the rank that saved it
-        merged["epoch_offsets"] = offsets
-    return merged
-
-
-def _merge_lanes(states, lanes):
-    try:
-        return merge_states(states)
-    except CheckpointError:
-        # A subset of ranks (e.g. the files this rank could read): merge what is there; restore names lacking lanes.
-        from zephon.engine import checkpoint as ckpt
-        first = states[0]
-        for s in states:
-            ckpt.validate(s, first.get("fingerprint"), first.get("config", {}))
-            for e in s["lanes"]:
-                lanes[e["lane"]] = e
-        return ckpt.make_state(first["fingerprint"], first["config"], first["canonical_replicas"],
-                               first["rows_per_lane_step"], list(lanes.values()))
 
 
 def get_savable_loader(dataset, *, worker_config=None, checkpoint_every_sec: float = 60,

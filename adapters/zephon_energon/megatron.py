@@ -22,7 +22,7 @@ import re
 
 import torch
 
-from zephon.engine import CheckpointError
+from zephon.checkpoint import CheckpointError
 
 from . import WorkerConfig, get_loader, get_savable_loader, get_train_dataset, get_val_datasets
 

@@ -1,17 +1,15 @@
 """``StreamingDataLoader``: a ``torch.utils.data.DataLoader`` whose workers split the rank's lanes.
 
-Each worker runs ``Loader(lanes=split_lanes(rank_lanes, num_workers, worker_id), emit_state=True)``
-and yields one item per step, the list of its lanes' micro-batches (``batch_size=None`` underneath);
-torch's round robin over the workers keeps step order, the main process reassembles each rank batch and
-records every lane's entry with ``engine.Progress``, so the state is exactly what the training loop
-received, whatever ``num_workers`` and ``prefetch_factor``.
+Each worker computes its share of the rank's lanes (``zephon.host.worker_lanes``) and sends one item per step, the
+list of its lanes' micro-batches (``batch_size=None`` underneath). The main process puts the rank's steps back
+together and records every lane's entry as the step is handed out (``zephon.host.RankSession.ordered_groups``), so
+the state is exactly what the training loop received, whatever ``num_workers`` and ``prefetch_factor``. This module
+translates Mosaic's loader surface (keywords, ``batch_size``, state calls) and collates rows; nothing else.
 """
 from __future__ import annotations
 
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data._utils.collate import default_collate
-
-from zephon.engine import Progress
 
 from .dataset import StreamingDataset
 
@@ -21,22 +19,24 @@ def _identity(x):
 
 
 class _LaneBatches(IterableDataset):
-    """What the workers iterate: the dataset's lane micro-batches."""
+    """What the workers iterate: the dataset's per-step bundles of lane micro-batches."""
 
     def __init__(self, dataset: StreamingDataset):
         self.dataset = dataset
 
     def __iter__(self):
-        return self.dataset._iter_lane_batches()
+        return self.dataset._iter_lane_bundles()
 
     def __len__(self):  # an upper bound on items: one per step per worker holding lanes
         return self.dataset.steps_per_epoch * len(self.dataset.rank_lanes)
 
     # Composer looks for the state calls on ``dataloader.dataset``
     def state_dict(self, num_samples: int, from_beginning: bool) -> dict:
+        """``StreamingDataset.state_dict``."""
         return self.dataset.state_dict(num_samples, from_beginning)
 
     def load_state_dict(self, obj) -> None:
+        """``StreamingDataset.load_state_dict``."""
         self.dataset.load_state_dict(obj)
 
 
@@ -47,7 +47,8 @@ class StreamingDataLoader(DataLoader):
     rank batch per global step); ``collate_fn`` (default torch's ``default_collate``) gets the list
     of that many sample dicts, in the main process. ``shuffle``, ``sampler`` and ``batch_sampler`` are
     refused (order is the dataset's). ``len()`` is the rank's batches per epoch. ``state_dict()`` /
-    ``load_state_dict(obj)`` as Mosaic's: the state of exactly the batches yielded so far."""
+    ``load_state_dict(obj)`` as Mosaic's: the state of exactly the batches yielded so far.
+    Raises TypeError for another dataset type, ValueError for a refused or inconsistent argument."""
 
     def __init__(self, dataset, batch_size=None, shuffle=None, sampler=None, batch_sampler=None, num_workers=0,
                  collate_fn=None, drop_last=False, **kwargs):
@@ -64,12 +65,12 @@ class StreamingDataLoader(DataLoader):
         self.zephon_dataset = dataset
         self.user_collate = collate_fn or default_collate
         self.num_samples_yielded = 0
-        self._progress = None
         super().__init__(_LaneBatches(dataset), batch_size=None, num_workers=num_workers, collate_fn=_identity,
                          **kwargs)
 
     @property
     def batch_size_per_rank(self) -> int:
+        """Samples per rank batch (the dataset's ``batch_size``)."""
         return self.zephon_dataset.batch_size
 
     @property
@@ -92,30 +93,14 @@ class StreamingDataLoader(DataLoader):
         ds._iter_count += 1
         claim = ds._claim(f"sdl-{id(self)}-{ds._iter_count}")
         ds._channel.set_current(claim)  # workers (persistent or new) read it when their __iter__ starts
-        e, k0, S = claim["epoch"], claim["k0"], ds.steps_per_epoch
         self.num_samples_yielded = 0
-        if k0 >= S:
+        if claim["k0"] >= ds.steps_per_epoch:
             return
-        ref = ds._loader(e)
-        if claim["start"] is not None:
-            ref.restore(claim["start"])
-        progress = Progress(ref)
-        n_lanes, lanes = len(ref.lanes), list(ref.lanes)
-        order = {lane: i for i, lane in enumerate(lanes)}
-        buf = []
-        for mb in (mb for bundle in super().__iter__() for mb in bundle):  # one bundle per worker per step
-            progress.observe(mb)
-            buf.append(mb)
-            if len(buf) < n_lanes:
-                continue
-            buf.sort(key=lambda b: order.get(b["__lane__"], -1))  # workers hold interleaved lanes
-            k = buf[0]["__step__"]
-            if [b["__lane__"] for b in buf] != lanes or any(b["__step__"] != k for b in buf):
-                raise RuntimeError(f"internal: lane micro-batches out of order at step {k}: "
-                                   f"{[(b['__lane__'], b['__step__']) for b in buf]}")
-            ds._channel.publish(e, k, [progress.entries[lane] for lane in sorted(progress.entries)], in_memory=True)
-            rows = [r for b in buf for r in ds.rows(b)]
-            buf = []
+        session = ds._session(claim["epoch"], claim["start"])
+        items = (item for bundle in super().__iter__() for item in bundle)  # one bundle per worker and step
+        for group in session.ordered_groups(items):  # one group per step: a lane's step is one micro-batch
+            ds._channel.publish(claim["epoch"], group[0][0]["step"], session.rank_state()["lanes"], in_memory=True)
+            rows = [r for _, mb in group for r in ds.rows(mb)]
             self.num_samples_yielded += len(rows)
             yield self.user_collate(rows)
 
@@ -129,4 +114,5 @@ class StreamingDataLoader(DataLoader):
         return ds.state_dict((k0 + steps) * ds.global_batch_size, True)
 
     def load_state_dict(self, obj) -> None:
+        """``StreamingDataset.load_state_dict``: the next iteration starts there."""
         self.zephon_dataset.load_state_dict(obj)

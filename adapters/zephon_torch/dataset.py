@@ -1,10 +1,10 @@
 """A Zephon pipeline as a ``torch.utils.data.IterableDataset``.
 
-Each DataLoader worker builds its own ``zephon.Loader`` over a share of the rank's lanes
-(``zephon.work.split_lanes``); the DataLoader's round robin over workers then reproduces the rank's
-order, one item per lane micro-batch (``batch_size=None``). Items carry ``__state__`` (their lane's
-checkpoint entry) so the consuming process can checkpoint exactly what it used, whatever the worker
-count or prefetch depth (``zephon_torch.DataLoader`` / ``StatefulDataLoader`` do this).
+Translation only: the rank's plumbing (worker shares of the lanes, reassembly, the consumed state) is
+``zephon.host.RankSession``. Each DataLoader worker iterates its share of the rank's lanes, one item per
+lane micro-batch (``batch_size=None``); items carry their lane's checkpoint entry so the consuming process
+can checkpoint exactly what it used, whatever the worker count or prefetch depth
+(``zephon_torch.DataLoader`` / ``StatefulDataLoader`` do this).
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from zephon.engine import Loader
-from zephon.work import split_lanes
+from zephon import Loader
+from zephon.host import RankSession
 
 
 def dp_from_environment(dp_degree=None, dp_rank=None) -> tuple[int, int]:
@@ -61,7 +61,7 @@ class ZephonIterableDataset(IterableDataset):
             ``global_batch_size``, ``seed``, ``weights``, ``chunk_size``, ``exhaustion``, ...).
     Yields one dict per lane micro-batch (``to_torch`` of ``Loader``'s micro-batch): tensors
     ``[micro_batch_size, max_length]`` plus ``__lane__``, ``__step__``, ``__micro__``, ``__state__``.
-    A DataLoader worker owns ``split_lanes(rank_lanes, num_workers, worker_id)``; a worker that owns
+    A DataLoader worker owns ``zephon.host.worker_lanes(rank_lanes, num_workers, worker_id)``; a worker that owns
     none ends at once. ``state_dict()``/``load_state_dict()`` follow torchdata's ``Stateful``
     protocol per process (the live lanes' checkpoint); prefer the loaders in this package, whose state
     is the rank's and survives a change of ``num_workers``. Raises what ``Loader`` raises
@@ -77,32 +77,28 @@ class ZephonIterableDataset(IterableDataset):
         self._kwargs = dict(loader_kwargs, dp_degree=dp_degree, dp_rank=dp_rank)
         self._main_runner = (runner, num_workers)
         self._worker_runner = (worker_runner, worker_num_workers)
-        # The rank's template: config, fingerprint, lanes, starting state. Never iterated itself.
-        self.loader = Loader(*self._args, emit_state=True, runner="inline", **self._kwargs)
+        self.session = RankSession(self._make_loader)
+        self.loader = self.session.loader  # the rank's template: config, fingerprint, lanes, starting state
         self._live: Loader | None = None
-        self.report_drops = False  # set by this package's DataLoaders: numpy items and a drop-count marker
+        self.report_drops = False  # set by this package's DataLoaders: (meta, numpy micro-batch) items
 
-    def build_loader(self, lanes=None, runner=("inline", 1)) -> Loader:
-        """A fresh ``Loader`` for ``lanes`` (default: the whole rank) starting from this dataset's
-        starting state (``load_state_dict``)."""
-        L = Loader(*self._args, emit_state=True, lanes=lanes, runner=runner[0], num_workers=runner[1],
-                   **self._kwargs)
-        L.restore(self.loader.checkpoint())
-        return L
+    def _make_loader(self, lanes, runner, workers) -> Loader:
+        return Loader(*self._args, emit_state=True, lanes=lanes, runner=runner, num_workers=workers, **self._kwargs)
 
     def __iter__(self):
         info = get_worker_info()
-        if info is None:
-            L = self.build_loader(None, self._main_runner)
-        else:
-            L = self.build_loader(split_lanes(self.loader.rank_lanes, info.num_workers, info.id),
-                                  self._worker_runner)
+        W, w = (0, 0) if info is None else (info.num_workers, info.id)
+        runner = self._main_runner if info is None else self._worker_runner
+        if self.report_drops:  # this package's DataLoaders reassemble and convert (cheaper across processes)
+            yield from self.session.worker_items(W, w, runner=runner[0], workers=runner[1])
+            return
+        L = self.session.worker_loader(W, w, runner[0], runner[1])
+        if L is None:
+            return
         self._live = L
         try:
-            for mb in L:  # this package's DataLoaders convert after reassembly (cheaper across processes)
-                yield mb if self.report_drops else to_torch(mb)
-            if self.report_drops and L.dropped_rows:  # a finite stream's incomplete last step, for the count
-                yield {"__dropped_rows__": L.dropped_rows}
+            for mb in L:
+                yield to_torch(mb)
         finally:
             if not sys.is_finalizing():  # a generator collected at exit: the pools are being torn down
                 L.close()
@@ -115,5 +111,5 @@ class ZephonIterableDataset(IterableDataset):
     def load_state_dict(self, state: dict) -> None:
         """Start the next iteration from ``state`` (a rank's or merged global checkpoint; validated
         now: ``CheckpointError`` says what differs or which lanes are missing)."""
-        self.loader.restore(state)
+        self.session.load(state)
         self._live = None

@@ -1,37 +1,32 @@
 """torch DataLoaders whose state is the rank's Zephon checkpoint.
 
 They iterate a ``ZephonIterableDataset`` with ``batch_size=None`` (one item per lane micro-batch from
-the workers), reassemble the rank's lane micro-batches of each (step, micro-batch) into one local
-micro-batch, and record each lane's checkpoint entry as it is handed to the training loop
-(``zephon.engine.Progress``). The state therefore reflects exactly what the loop consumed, and it does
-not depend on ``num_workers`` or prefetching: save with 2 workers, resume with 0 or 3.
+the workers); ``zephon.host.RankSession`` puts the rank's lane micro-batches of each (step, micro-batch)
+back together and records each lane's checkpoint entry as it is handed to the training loop. The state
+therefore reflects exactly what the loop consumed, and it does not depend on ``num_workers`` or
+prefetching: save with 2 workers, resume with 0 or 3. This module translates torch's keywords and
+converts micro-batches to tensors; nothing else.
 """
 from __future__ import annotations
-
-import itertools
 
 import numpy as np
 import torch
 import torch.utils.data
 from torchdata.stateful_dataloader import StatefulDataLoader as _TorchdataStatefulDataLoader
 
-from zephon.engine import Progress, StepAssembly
-
 from .dataset import ZephonIterableDataset, to_torch
 
-#: Bookkeeping keys of a lane micro-batch, replaced by per-row ``__lane__`` and one ``__step__``.
-_META = ("__lane__", "__step__", "__micro__", "__state__")
 #: Per-row values of varying length: always a list with one tensor per row.
 _RAGGED = ("cu_seqlens",)
 
 
-def _concat(parts: list[dict]) -> dict:
-    """Concatenate lane micro-batches (numpy, as the workers send them; same step and micro-batch index)
-    along rows in lane order, then convert to torch (``to_torch``)."""
+def _concat(group: list) -> dict:
+    """Concatenate a group's lane micro-batches (``(meta, numpy micro-batch)``, same step and micro-batch
+    index, lane order) along rows, then convert to torch (``to_torch``). Adds ``__lane__`` (per row),
+    ``__step__`` and ``__micro__``."""
+    parts = [p for _, p in group]
     out = {}
     for k in parts[0]:
-        if k in _META:
-            continue
         vals = [p[k] for p in parts]
         if k in _RAGGED or (isinstance(vals[0], np.ndarray) and len({v.shape[1:] for v in vals}) > 1):
             out[k] = [row for v in vals for row in v]  # one array per row (document boundaries vary)
@@ -40,17 +35,10 @@ def _concat(parts: list[dict]) -> dict:
         else:
             out[k] = [x for v in vals for x in v] if isinstance(vals[0], list) else vals
     out = to_torch(out)
-    out["__lane__"] = torch.tensor([p["__lane__"] for p in parts for _ in range(_rows(p))], dtype=torch.long)
-    out["__step__"] = parts[0]["__step__"]
-    out["__micro__"] = parts[0]["__micro__"]
+    out["__lane__"] = torch.tensor([m["lane"] for m, _ in group for _ in range(m["rows"])], dtype=torch.long)
+    out["__step__"] = group[0][0]["step"]
+    out["__micro__"] = group[0][0]["micro"]
     return out
-
-
-def _rows(mb: dict) -> int:
-    for v in mb.values():
-        if isinstance(v, (np.ndarray, torch.Tensor)) and v.ndim >= 1:
-            return int(v.shape[0])
-    raise ValueError("micro-batch without a per-row array")
 
 
 def _as_is(item):
@@ -76,89 +64,35 @@ class _RankStateMixin:
         kwargs["batch_size"] = None
         if kwargs.get("collate_fn") is None:  # absent or torch's default spelled out: numpy transport
             kwargs["collate_fn"] = _as_is
-        dataset.report_drops = True  # ... and yields numpy micro-batches (see _as_is)
-        self._progress = Progress(dataset.loader)
-        self._agree_group = None
-        self.dropped_rows = 0  # a finite stream's rows after the last step every lane and rank completed
+        dataset.report_drops = True  # ... and yields (meta, numpy micro-batch) items (see _as_is)
+        self._session = dataset.session
+
+    @property
+    def dropped_rows(self) -> int:
+        """A finite stream's rows after the last step every lane and rank completed."""
+        return self._session.dropped_rows
 
     def _assembled(self, items):
-        loader = self.dataset.loader
-        rps = loader.rows_per_step
-        asm = StepAssembly(loader.rank_lanes, self._progress.checkpoint()["lanes"], rps,
-                           loader.batch.micro_batch_size)
-
-        def groups():
-            for mb in items:
-                if "__dropped_rows__" in mb:  # a worker's lanes ended inside a step (drop_last)
-                    self.dropped_rows += mb["__dropped_rows__"]
-                    continue
-                yield from asm.add(mb["__step__"], mb["__micro__"], mb["__lane__"], mb)
-            yield from asm.finish()
-
-        if loader.source.exhaustion == "stop" and loader.batch.drop_last:
-            start = {e["lane"]: e["delivered_rows"] for e in self._progress.checkpoint()["lanes"]}
-            yield from self._agreed_steps(groups(), start, rps)
-        else:
-            for group in groups():
-                yield self._emit(group)
-
-    def _agreed_steps(self, groups, delivered, rps):
-        """A finite stream with drop_last: workers' lanes, and ranks, run out at different steps (a rank
-        that stopped early would hang the others in their next collective). Each step is buffered and
-        released only when all the rank's lanes, and under torch.distributed every rank (one all_reduce
-        MIN per step on a gloo group), hold it complete; the first step that is not ends the stream
-        everywhere, its rows counted in ``dropped_rows``."""
-        import torch.distributed as dist
-
-        distributed = _world_size() > 1
-        if distributed and self._agree_group is None:
-            self._agree_group = dist.new_group(backend="gloo")
-        it = itertools.chain(groups, [None])
-        group = next(it)
-        while True:  # one round per step; the round after the last step tells the other ranks to stop
-            step, buffered = (None if group is None else group[0]["__step__"]), []
-            while group is not None and group[0]["__step__"] == step:
-                buffered.append(group)
-                group = next(it)
-            for g in buffered:
-                for mb in g:
-                    delivered[mb["__lane__"]] += _rows(mb)
-            complete = step is not None and all(delivered[lane] >= (step + 1) * rps for lane in delivered)
-            if distributed:
-                flag = torch.tensor([1 if complete else 0], dtype=torch.int32)
-                dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._agree_group)
-                complete = bool(flag.item())
-            if not complete:  # count what is left of the pass (at most about a chunk per lane)
-                rest = itertools.chain(buffered, [group], it)  # `it` ends with the None sentinel
-                self.dropped_rows += sum(_rows(mb) for g in rest if g is not None for mb in g)
-                return
-            for g in buffered:
-                yield self._emit(g)
-
-    def _emit(self, group):
-        for mb in group:
-            self._progress.observe(mb)
-        return _concat(group)
+        for group in self._session.ordered_groups(items):
+            yield _concat(group)
 
     def _before_iter(self):
         # A new iteration (or the first after load_state_dict) starts from what was consumed.
-        self.dataset.load_state_dict(self._progress.checkpoint())
+        self._session.begin()
+        self.dataset._live = None
 
     def rank_state_dict(self) -> dict:
         """This rank's checkpoint (its lanes) as of the last local micro-batch handed out: JSON data."""
-        return self._progress.checkpoint()
+        return self._session.rank_state()
 
     def global_state_dict(self, **gather_kwargs) -> dict:
         """Every rank's state merged (a collective when torch.distributed is initialised: call it on
-        all ranks; see ``zephon.dist.gather_checkpoint`` for ``aggregate_dir``/``run_id``/``timeout``).
+        all ranks; see ``zephon.checkpoint.gather_checkpoint`` for ``aggregate_dir``/``run_id``/``timeout``).
         Restorable at any dp degree that divides ``canonical_replicas``."""
-        from zephon.dist import gather_checkpoint
-
-        return gather_checkpoint(self.rank_state_dict(), **gather_kwargs)
+        return self._session.global_state(**gather_kwargs)
 
     def _load_zephon_state(self, state: dict) -> None:
         self.dataset.load_state_dict(state)  # validates: CheckpointError names what differs / lacks
-        self._progress.reset()
 
 
 class DataLoader(_RankStateMixin, torch.utils.data.DataLoader):
@@ -181,7 +115,7 @@ class DataLoader(_RankStateMixin, torch.utils.data.DataLoader):
         return self._assembled(super().__iter__())
 
     def state_dict(self) -> dict:
-        return _default_state(self)
+        return self._session.state()
 
     def load_state_dict(self, state: dict) -> None:
         self._load_zephon_state(state)
@@ -209,20 +143,8 @@ class StatefulDataLoader(_RankStateMixin, _TorchdataStatefulDataLoader):
         return self._assembled(super().__iter__())
 
     def state_dict(self) -> dict:
-        return _default_state(self)
+        return self._session.state()
 
     def load_state_dict(self, state: dict) -> None:
         self._load_zephon_state(state)
         self._iterator = None
-
-
-def _world_size() -> int:
-    dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def _default_state(dl) -> dict:
-    """Merged over ranks when a process group is up (every rank holds the global state), else the rank's."""
-    if _world_size() > 1:
-        return dl.global_state_dict()
-    return dl.rank_state_dict()

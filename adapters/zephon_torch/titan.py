@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from zephon.engine import checkpoint as ckpt
+from zephon import checkpoint as ckpt
 from zephon.formats import open_dataset
 from zephon.ops import Batch, Decode, Pack, Shuffle, Tokenize
 

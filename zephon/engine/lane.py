@@ -1,11 +1,11 @@
 """One lane's serial side: dispatch order, sequence reordering, accumulators, flush sentinels, the
 row buffer and the replay cursor. All of it runs on the pump thread.
 
-Epochs (of the replay kind) are the spans between flush sentinels: a sentinel follows every
-``span`` pointers of the lane (``flush_every_k_chunks * chunk_size``, possibly a fraction of a chunk),
-and every accumulator flushes and resets when it passes. So the rows of epoch ``e`` are a pure
-function of the lane's pointers ``[e*span, (e+1)*span)``; a resume regenerates them from
-``(lane, chunk_id)`` starting at the cursor's epoch and drops the rows already delivered.
+A flush span is the stretch between two flush sentinels: a sentinel follows every ``span`` pointers of
+the lane (``flush_every_k_chunks * chunk_size``, possibly a fraction of a chunk), and every accumulator
+flushes and resets when it passes. So the rows of span ``s`` are a pure function of the lane's pointers
+``[s*span, (s+1)*span)``; a resume regenerates them from ``(lane, chunk_id)`` starting at the lane
+cursor's span and drops the rows already delivered.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ SENTINEL = "sentinel"
 END = "end"
 
 
-class LaneState:
-    """Per-lane pipeline state.
+class LanePipeline:
+    """One lane's pipeline on the pump: dispatch, sequence reorder, accumulators, row buffer, lane cursor.
 
     ``chain``: operators after the worker stage, in order (accumulators get one instance per lane;
     stateless ones run inline here). ``start``: the lane's checkpoint entry or None (fresh)."""
@@ -37,15 +37,15 @@ class LaneState:
         first = start["sentinel_chunk"] * self.cs + start["sentinel_offset"]  # lane-local pointer index
         if first % span:
             raise ValueError(f"lane {lane}: sentinel at pointer {first} is not a multiple of the flush span {span}")
-        self.epoch = first // span                              # epoch being produced
-        self.cursor_epoch = self.epoch                          # epoch of the next row to deliver
-        self.cursor_rows = start["replay_cursor"]               # rows of cursor_epoch delivered
+        self.span_index = first // span                              # span being produced
+        self.cursor_span = self.span_index                          # span of the next row to deliver
+        self.cursor_rows = start["replay_cursor"]               # rows of cursor_span delivered
         self.delivered_rows = start["delivered_rows"]
-        self.replay_epoch, self.replay_skip = self.epoch, start["replay_cursor"]
+        self.replay_span, self.replay_skip = self.span_index, start["replay_cursor"]
         self.replayed_rows = 0
-        self.produced = 0        # rows produced in self.epoch so far
-        self.sealed_rows = {}    # epoch -> final row count, once its sentinel passed
-        self.rows: deque = deque()  # (epoch, row) ready for the tail
+        self.produced = 0        # rows produced in this span so far
+        self.sealed_rows = {}    # span -> final row count, once its sentinel passed
+        self.rows: deque = deque()  # (span, row) ready for the tail
         # dispatch side
         self.next_chunk, self.start_offset = divmod(first, self.cs)
         self.cur = None          # ChunkPointers being cut into units
@@ -129,8 +129,8 @@ class LaneState:
             released = True
             if item is SENTINEL or item is END:
                 self._emit(self._flush_chain())
-                self.sealed_rows[self.epoch] = self.produced
-                self.epoch += 1
+                self.sealed_rows[self.span_index] = self.produced
+                self.span_index += 1
                 self.produced = 0
                 if item is END:
                     self.finished = True
@@ -176,31 +176,33 @@ class LaneState:
         self.total_produced += len(rows)
         for row in rows:
             self.produced += 1
-            if self.epoch == self.replay_epoch and self.produced <= self.replay_skip:
+            if self.span_index == self.replay_span and self.produced <= self.replay_skip:
                 self.replayed_rows += 1  # delivered before the checkpoint: regenerate, don't repeat
                 continue
-            self.rows.append((self.epoch, row))
+            self.rows.append((self.span_index, row))
 
     # -- tail side ----------------------------------------------------------------------------
     def take(self, n: int) -> list:
         """Pop up to ``n`` rows and advance the replay cursor (they count as delivered)."""
         out = []
         while self.rows and len(out) < n:
-            e, row = self.rows.popleft()
-            if e != self.cursor_epoch:
-                self.cursor_epoch, self.cursor_rows = e, 0
-                self.sealed_rows = {k: v for k, v in self.sealed_rows.items() if k >= e}
+            span, row = self.rows.popleft()
+            if span != self.cursor_span:
+                self.cursor_span, self.cursor_rows = span, 0
+                self.sealed_rows = {k: v for k, v in self.sealed_rows.items() if k >= span}
             self.cursor_rows += 1
             self.delivered_rows += 1
             out.append(row)
         return out
 
     def state(self) -> dict:
-        """This lane's checkpoint entry (plain JSON data)."""
-        e, r = self.cursor_epoch, self.cursor_rows
-        if self.sealed_rows.get(e) == r:  # that span is fully delivered: resume at the next one
-            e, r = e + 1, 0
-        chunk, offset = divmod(e * self.span, self.cs)
+        """This lane's cursor as a checkpoint entry (plain JSON data)."""
+        s, r = self.cursor_span, self.cursor_rows
+        if self.sealed_rows.get(s) == r:  # that span is fully delivered: resume at the next one
+            s, r = s + 1, 0
+        chunk, offset = divmod(s * self.span, self.cs)
         return {"lane": self.lane, "sentinel_chunk": chunk, "sentinel_offset": offset, "replay_cursor": r,
                 "delivered_rows": self.delivered_rows}
 
+
+LaneState = LanePipeline  # the old name, kept for users who imported it

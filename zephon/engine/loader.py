@@ -12,8 +12,8 @@ import math
 
 from ..ops.batch import Batch, collate
 from ..work import WorkSource, lanes_for_rank
-from . import checkpoint as ckpt
-from .lane import LaneState
+from .. import checkpoint as ckpt
+from .lane import LanePipeline
 from .runners import Runner, make_runner
 from .stage import WorkStage
 
@@ -81,10 +81,10 @@ class Loader:
             ``min(chunk_size, 256)`` pointers, which keeps a restore near a cold start at any chunk size.
         dp_degree, dp_rank, lane_assignment: this rank's lanes (``work.lanes_for_rank``).
         lanes: own only this subset of the rank's lanes (a host loader worker's share,
-            ``work.split_lanes``); ``rank_lanes`` keeps the whole rank's. ``[]`` yields nothing.
+            ``host.worker_lanes``); ``rank_lanes`` keeps the whole rank's. ``[]`` yields nothing.
         emit_state: add ``__state__`` to every micro-batch: its lane's checkpoint entry once that
-            micro-batch is consumed, so the consuming process (a host's main process, while workers
-            prefetch) can checkpoint exactly what it used (``engine.Progress``).
+            micro-batch is consumed (and ``__rows__``, its row count), so the consuming process (a host's
+            main process, while workers prefetch) can checkpoint exactly what it used (``host.Progress``).
         runner: ``"inline"``, ``"threads"``, ``"processes"`` or a ``Runner`` to share; ``num_workers``.
         unit_size: pointers per unit of worker work (a performance knob only).
     Iterating yields micro-batch dicts (``ops.collate`` of rows) with ``__lane__``, ``__step__`` and
@@ -122,9 +122,9 @@ class Loader:
         if self.global_batch_size % canonical_replicas:
             raise ValueError(f"global_batch_size={self.global_batch_size} is not a multiple of "
                              f"canonical_replicas={canonical_replicas}")
-        self.rows_per_step = self.global_batch_size // canonical_replicas
-        if self.rows_per_step % m:
-            raise ValueError(f"micro_batch_size={m} does not divide the {self.rows_per_step} rows each lane "
+        self.rows_per_lane_step = self.global_batch_size // canonical_replicas
+        if self.rows_per_lane_step % m:
+            raise ValueError(f"micro_batch_size={m} does not divide the {self.rows_per_lane_step} rows each lane "
                              f"gives per step (global_batch_size / canonical_replicas)")
         if flush_every_k_chunks is None:
             self.flush_span = min(chunk_size, 256)
@@ -160,15 +160,20 @@ class Loader:
         self._runner_spec, self.num_workers = runner, num_workers
         self._runner: Runner | None = runner if isinstance(runner, Runner) else None
         self._owns_runner = not isinstance(runner, Runner)
-        self.config = {"version": 1, "work": self.source.fingerprint(),
+        self.config = {"version": 1, "algorithm": ckpt.ALGORITHM_VERSION, "work": self.source.fingerprint(),
                        "ops": [op.fingerprint() for op in ops] + [self.batch.fingerprint()],
                        "global_batch_size": self.global_batch_size, "flush_span": self.flush_span}
         self.fingerprint = ckpt.digest(self.config)
         self.summary = ckpt.summarize_config(self.config)
-        self._state: dict[int, LaneState] = {}
+        self._state: dict[int, LanePipeline] = {}
         self._pending: dict | None = None
         self._generation = 0  # bumped by iter() and restore(): an older iterator must stop
         self.dropped_rows = 0
+
+    @property
+    def rows_per_step(self) -> int:
+        """The old name of ``rows_per_lane_step``, kept for users who read it."""
+        return self.rows_per_lane_step
 
     # -- checkpoints --------------------------------------------------------------------------
     def checkpoint(self) -> dict:
@@ -179,9 +184,9 @@ class Loader:
         elif self._state:
             entries = [self._state[lane].state() for lane in self.lanes]
         else:
-            entries = [{"lane": lane, "sentinel_chunk": 0, "sentinel_offset": 0, "replay_cursor": 0,
-                        "delivered_rows": 0} for lane in self.lanes]
-        return ckpt.make_state(self.fingerprint, self.summary, self.canonical_replicas, self.rows_per_step, entries)
+            entries = ckpt.initial_lanes(self.lanes)
+        return ckpt.make_state(self.fingerprint, self.summary, self.canonical_replicas, self.rows_per_lane_step,
+                               entries)
 
     def restore(self, state: dict) -> None:
         """Validate ``state`` now (raises ``CheckpointError`` saying what differs or which lanes are
@@ -205,7 +210,7 @@ class Loader:
         self._pending = None
         if self._runner is None:
             self._runner = make_runner(self._runner_spec, self.stage, self.num_workers)
-        self._state = {lane: LaneState(lane, self.source, self.chain_ops, self.datasets, span=self.flush_span,
+        self._state = {lane: LanePipeline(lane, self.source, self.chain_ops, self.datasets, span=self.flush_span,
                                        unit_size=self.unit_size, start=entries.get(lane)) for lane in self.lanes}
 
     def __iter__(self):
@@ -215,7 +220,7 @@ class Loader:
         self._generation += 1
         generation = self._generation
         lanes = self._state
-        rps, m = self.rows_per_step, self.batch.micro_batch_size
+        rps, m = self.rows_per_lane_step, self.batch.micro_batch_size
         while True:
             active = [lane for lane in self.lanes if not (lanes[lane].finished and not lanes[lane].rows)]
             if not active:
@@ -253,6 +258,7 @@ class Loader:
                         mb["__lane__"], mb["__step__"], mb["__micro__"] = lane, step, j
                         if self.emit_state:
                             mb["__state__"] = lanes[lane].state()
+                            mb["__rows__"] = len(rows)
                         yield mb
 
     def _drop_rest(self) -> None:
@@ -284,7 +290,7 @@ class Loader:
             st.dispatch(runner)
             busy += 1
         i = self.lanes.index(priority)
-        ahead = 2 * self.rows_per_step
+        ahead = 2 * self.rows_per_lane_step
         for lane in self.lanes[i + 1:] + self.lanes[:i]:
             s = lanes[lane]
             while busy < runner.capacity and s.can_dispatch() and s.expected_rows() < ahead:

@@ -1,9 +1,11 @@
 """Format readers (leaves of the package: stdlib, numpy, pyarrow and zstandard only).
 
-``open_dataset`` turns files into a ``Dataset`` (one file = one shard) with random access by
-``(shard_id, sample indices)``; ``inspect_source`` summarises a source; ``DataError`` reports bad input.
+``open_dataset`` turns a source into a ``Dataset`` with random access by ``(shard_id, sample indices)``,
+through the format table of ``registry`` (JSONL, Parquet, MDS, Energon); ``inspect_source`` summarises a
+source; ``DataError`` reports bad input.
 """
-from .base import Dataset, ShardInfo, inspect_source, open_dataset
+from .base import Dataset, ShardInfo
 from .errors import DataError, DataWarning
+from .registry import FORMATS, inspect_source, open_dataset
 
-__all__ = ["DataError", "DataWarning", "Dataset", "ShardInfo", "inspect_source", "open_dataset"]
+__all__ = ["DataError", "DataWarning", "Dataset", "FORMATS", "ShardInfo", "inspect_source", "open_dataset"]

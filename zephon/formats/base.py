@@ -1,22 +1,21 @@
-"""Datasets: ordered lists of shards (one file = one shard) with sample counts, and random access."""
+"""Datasets: ordered lists of shards with sample counts, and random access by ``(shard_id, sample indices)``.
+
+The format-independent part: ``ShardInfo``, ``Dataset`` (reader cache, change detection, fingerprint) and
+``BrokenShard``. Each format subclasses ``Dataset`` to say how a shard's reader is built
+(``files.FileDataset`` for JSONL/Parquet, ``mds.MdsDataset``, ``energon.EnergonDataset``); this module
+imports none of them (``registry`` maps format names to their openers).
+"""
 from __future__ import annotations
 
 import os
 import threading
-import warnings
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
 
-from .discovery import EXTENSIONS, FORMATS, expand_source
-from .errors import DataError, DataWarning
-from .jsonl import JsonlReader
-from .parquet import ParquetReader
+from .errors import DataError
 
-READERS = {"jsonl": JsonlReader, "parquet": ParquetReader}
 MAX_OPEN_READERS = 64   # per Dataset: bounds open file descriptors and index arrays held in memory
-_OPEN_THREADS = 8       # files indexed concurrently by open_dataset (numpy/zstd/zlib release the GIL)
 
 
 @dataclass(frozen=True)
@@ -42,7 +41,7 @@ class Dataset:
     Picklable: it holds names, paths and options only; readers are opened lazily (at most
     ``MAX_OPEN_READERS`` at a time) and reopened after unpickling, e.g. in a spawned worker process.
     Thread-safe: readers may be shared by threads.
-    Built by ``open_dataset``; the constructor does no I/O and trusts the given ShardInfo.
+    Built by ``open_dataset`` (a format's subclass); the constructor does no I/O and trusts the given ShardInfo.
     """
 
     def __init__(self, name: str, shards: Sequence[ShardInfo], *, columns: Sequence[str] | None = None,
@@ -127,15 +126,10 @@ class Dataset:
         return r
 
     def _make_reader(self, shard_id: int):
-        """A new reader of shard ``shard_id`` (subclasses override this to say how theirs are built).
-        Raises DataError when the file cannot be read or changed since the dataset was opened."""
-        info = self.shards[shard_id]
-        r = _open_reader(info.path, info.format, shard_id, self.columns, self.cache_dir)
-        size = os.stat(info.path).st_size
-        if r.num_samples != info.num_samples or size != info.size_bytes:
-            raise DataError(f"file changed since the dataset was opened (now {r.num_samples} samples, {size} bytes; "
-                            f"was {info.num_samples} samples, {info.size_bytes} bytes)", path=info.path, shard=shard_id)
-        return r
+        """A new reader of shard ``shard_id``: an object with ``num_samples``, ``read(indices, on_error)``
+        and ``first_keys()``. Each format's subclass says how; raises DataError when the file cannot be
+        read or changed since the dataset was opened."""
+        raise NotImplementedError(f"{type(self).__name__} does not say how its shards are read")
 
     def _open_or_broken(self, shard_id: int, open_reader, keys: Sequence[str]):
         """``open_reader()`` (a new reader of shard ``shard_id``); with ``on_error="skip"`` a DataError
@@ -190,125 +184,3 @@ class BrokenShard:
         if on_error != "skip":
             raise e
         return [{"__error__": str(DataError(e.reason, path=e.path, shard=e.shard, sample=int(i)))} for i in indices]
-
-
-def _open_reader(path, fmt, shard_id, columns, cache_dir):
-    try:
-        return READERS[fmt](path, shard=shard_id, columns=columns, cache_dir=cache_dir)
-    except OSError as e:
-        raise DataError(f"cannot read file: {e.strerror or e}", path=path, shard=shard_id) from e
-
-
-def _default_name(source, paths: list[str]) -> str:
-    if isinstance(source, (str, os.PathLike)):
-        s = os.path.normpath(os.fspath(source))
-        if os.path.isdir(s):
-            return os.path.basename(os.path.abspath(s))
-        if os.path.isfile(s):
-            base = os.path.basename(s)
-            for ext in sorted(EXTENSIONS, key=len, reverse=True):
-                if base.lower().endswith(ext):
-                    return base[: -len(ext)] or base
-            return base
-    common = os.path.commonpath([os.path.dirname(p) for p in paths])
-    return os.path.basename(common) or "dataset"
-
-
-def open_dataset(source, *, name: str | None = None, format: str | None = None,
-                 columns: Sequence[str] | None = None, cache_dir: str | None = None,
-                 on_error: str = "raise", split: str | None = None, allow_unsafe_types: bool = False,
-                 validate_hash: str | None = None, split_part: str | None = None, **energon_options) -> Dataset:
-    """Open JSONL and/or Parquet files as one Dataset, counting the samples of every file.
-
-    source: a directory (all supported files in it, recursively, sorted by relative path; hidden
-    files skipped), a glob pattern, a single file path, or a list of those (in list order).
-    name: dataset name (default: the directory or file name). format: "jsonl" | "parquet" | None
-    (by extension: .jsonl/.json/.ndjson[.gz|.zst], .parquet/.pq). columns: required columns; records
-    are projected to them. A JSONL record missing one raises DataError at read time naming file,
-    shard, sample and column; a Parquet file without one raises at open time. cache_dir: fallback
-    location of JSONL index caches (see ``index_cache``). on_error: "raise" | "skip" (see ``Dataset.read``).
-
-    Raises DataError: no files matched; unknown file type; truncated/corrupt .gz/.zst; unreadable
-    Parquet; missing Parquet column; an empty file (with on_error="skip" an empty file becomes a
-    shard of 0 samples and a DataWarning is issued instead). ValueError for bad arguments.
-
-    MDS (format="mds", or auto-detected when ``source`` is a directory holding a streaming
-    ``index.json``): one dataset directory per call; ``split``, ``allow_unsafe_types`` and
-    ``validate_hash`` apply to it only (see ``mds.open_mds``).
-    """
-    from . import energon  # Energon-prepared WebDataset (format="energon" or a root with .nv-meta/): energon.open_energon
-    if format == "energon" or (format is None and energon.is_energon_source(source)):
-        return energon.open_energon(source, name=name, columns=columns, cache_dir=cache_dir, on_error=on_error,
-                                    split_part=split_part or "train", allow_unsafe_types=allow_unsafe_types,
-                                    **energon_options)
-    if split_part is not None or energon_options:
-        raise ValueError(f"split_part and {sorted(energon_options)} apply to Energon datasets only (format='energon')")
-    from . import mds  # registration of the MDS reader (imported here: mds builds on this module)
-    if format == "mds" or (format is None and mds.is_mds_source(source, split)):
-        return mds.open_mds(source, name=name, columns=columns, cache_dir=cache_dir, on_error=on_error, split=split,
-                            allow_unsafe_types=allow_unsafe_types, validate_hash=validate_hash)
-    if split is not None or allow_unsafe_types or validate_hash is not None:
-        raise ValueError("split, allow_unsafe_types and validate_hash apply to MDS datasets only (format='mds')")
-    if format is not None and format not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS} or None, not {format!r}")
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
-    if isinstance(columns, str):
-        columns = [columns]
-    columns = tuple(columns) if columns is not None else None
-    files = expand_source(source, format)
-
-    def scan(item):
-        shard_id, (path, fmt) = item
-        st = os.stat(path)
-        reader = _open_reader(path, fmt, shard_id, columns, cache_dir)
-        return ShardInfo(path, reader.num_samples, fmt, st.st_size, st.st_mtime_ns), reader
-
-    if len(files) == 1:
-        results = [scan((0, files[0]))]
-    else:
-        with ThreadPoolExecutor(min(_OPEN_THREADS, len(files))) as pool:
-            results = list(pool.map(scan, enumerate(files)))  # in order: the first bad shard is reported
-
-    shards = []
-    for shard_id, (info, _) in enumerate(results):
-        if info.num_samples == 0:
-            err = DataError("empty file (no samples)", path=info.path, shard=shard_id)
-            if on_error != "skip":
-                raise err
-            warnings.warn(f"{err}; skipped (on_error='skip'), it counts as a shard of 0 samples",
-                          DataWarning, stacklevel=2)
-        shards.append(info)
-    ds = Dataset(name or _default_name(source, [p for p, _ in files]), shards,
-                 columns=columns, on_error=on_error, cache_dir=cache_dir)
-    for shard_id, (_, reader) in enumerate(results[:MAX_OPEN_READERS]):
-        ds._remember(shard_id, reader)
-    return ds
-
-
-def inspect_source(source, **kw) -> dict:
-    """Summary for ``zephon inspect PATH``.
-
-    kw: as for ``open_dataset``. Returns ``{"name", "format" ("jsonl" | "parquet" | "mixed"),
-    "num_shards", "num_samples", "columns", "shards": [{"path", "format", "num_samples",
-    "size_bytes", "columns"}, ...]}``. A shard's columns: the requested ones if given, else its Parquet
-    schema names or the keys of its first JSONL record; top-level ``columns``: those common to every
-    non-empty shard. Raises like ``open_dataset``.
-    """
-    ds = open_dataset(source, **kw)
-    formats = sorted({s.format for s in ds.shards})
-    per_shard = [(list(ds.columns) if ds.columns is not None else ds._reader(i).first_keys()) if s.num_samples else []
-                 for i, s in enumerate(ds.shards)]
-    # columns present in every non-empty shard; each shard's own list is reported too, so a reader
-    # sees at once when files disagree
-    non_empty = [c for c in per_shard if c]
-    columns = [c for c in non_empty[0] if all(c in other for other in non_empty)] if non_empty else []
-    return {
-        "name": ds.name,
-        "format": formats[0] if len(formats) == 1 else "mixed",
-        "num_shards": len(ds.shards),
-        "num_samples": ds.num_samples,
-        "columns": columns,
-        "shards": [{"path": s.path, "format": s.format, "num_samples": s.num_samples, "size_bytes": s.size_bytes,
-                    "columns": cols} for s, cols in zip(ds.shards, per_shard)],
-    }

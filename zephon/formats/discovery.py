@@ -5,12 +5,12 @@ import glob
 import os
 from typing import Iterable
 
+from .codecs import FILE_EXTENSIONS
 from .errors import DataError
 
 # Extension -> format. Compressed JSON Lines keep the inner extension (a.jsonl.gz, a.jsonl.zst).
 _JSONL_BASES = (".jsonl", ".json", ".ndjson")
-_COMPRESSIONS = ("", ".gz", ".zst", ".zstd")
-EXTENSIONS: dict[str, str] = {b + c: "jsonl" for b in _JSONL_BASES for c in _COMPRESSIONS}
+EXTENSIONS: dict[str, str] = {b + c: "jsonl" for b in _JSONL_BASES for c in ("",) + FILE_EXTENSIONS}
 EXTENSIONS.update({".parquet": "parquet", ".pq": "parquet"})
 FORMATS = ("jsonl", "parquet")
 

@@ -1,14 +1,17 @@
-"""Positional file reads shared by the shard readers (JSONL, MDS, Energon tars).
+"""File access shared by the format readers and everything that writes files atomically.
 
 ``PreadFile`` is a read-only file descriptor read with ``os.pread`` (no shared file position, so
 threads can share one reader); ``coalesce_runs`` groups the samples of one read call into as few
-reads as possible.
+reads as possible. ``atomic_write`` / ``atomic_writer`` replace a file so that readers (other threads,
+processes, ranks) see the old complete file or the new complete file, never a part.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import threading
-from typing import Iterator, Sequence
+from typing import BinaryIO, Iterator, Sequence
 
 import numpy as np
 
@@ -79,3 +82,62 @@ class PreadFile:
             self.close()
         except Exception:
             pass
+
+
+def _fsync_dir(d: str) -> None:
+    # Makes the rename itself durable; some systems cannot open or fsync a directory (Windows, some
+    # network filesystems): the replace is still atomic there, only not guaranteed to survive a crash.
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str | os.PathLike, *, durable: bool = True) -> Iterator[BinaryIO]:
+    """Write ``path`` atomically through a binary file object, for content streamed in pieces.
+
+    path: the file to create or replace; its directory must exist. durable: fsync the file before the
+    rename and the directory after it, so the new content survives a crash (False for caches that
+    are rebuilt when missing: atomicity alone keeps readers from torn files, and an fsync per file
+    would dominate opening thousands of small files).
+    Usage: ``with atomic_writer(p) as f: f.write(...)``. The content goes to a temporary file in the
+    same directory (so the rename never crosses filesystems), created with mode 0666 minus the umask
+    like ``open``; when the block raises, the temporary file is removed and ``path`` is untouched.
+    Raises OSError when the temporary file cannot be created, written or renamed.
+    """
+    path = os.fspath(path)
+    d, base = os.path.split(os.path.abspath(path))
+    # A unique name per writer: concurrent writers of the same path each rename a whole file; last wins.
+    tmp = os.path.join(d, f".{base}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        _fsync_dir(d)
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str, *, durable: bool = True) -> None:
+    """Create or replace ``path`` with ``data`` atomically: readers see the old or the new file, whole.
+
+    path: the file; its directory must exist. data: the whole content (``str`` is written as UTF-8).
+    durable: fsync file and directory so the new content survives a crash (see ``atomic_writer``).
+    Raises OSError when the file cannot be written.
+    """
+    with atomic_writer(path, durable=durable) as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)

@@ -4,7 +4,7 @@ Where: next to the data as a hidden ``.{filename}.zephon-idx.npz`` when that dir
 else in ``cache_dir`` (default ``$ZEPHON_CACHE_DIR`` or ``~/.cache/zephon``) under a name keyed by a
 hash of the absolute path. Validity: the entry stores the data file's size and mtime_ns and a format
 version; any mismatch means rebuild. Files are plain ``.npz`` read with ``allow_pickle=False`` (never
-pickle) and written atomically (temporary file + ``os.replace``) so concurrent processes are safe:
+pickle) and written atomically (``fileio.atomic_writer``: temporary file + rename) so concurrent processes are safe:
 readers see either the old or the new complete file.
 """
 from __future__ import annotations
@@ -12,11 +12,12 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-import tempfile
 import zipfile
 from typing import Callable
 
 import numpy as np
+
+from .fileio import atomic_writer
 
 VERSION = 1  # bump when the meaning of the stored arrays changes
 
@@ -59,21 +60,13 @@ def _load(cache_file: str, stamp: np.ndarray) -> np.ndarray | None:
 
 
 def _save(cache_file: str, index: np.ndarray, stamp: np.ndarray) -> bool:
-    d = os.path.dirname(cache_file)
-    tmp = None
     try:
-        os.makedirs(d, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".zephon-idx-", suffix=".tmp", dir=d)
-        with os.fdopen(fd, "wb") as f:
+        os.makedirs(os.path.dirname(cache_file), exist_ok=True)
+        # not durable: a cache lost in a crash is rebuilt, and a damaged one fails to load (a miss)
+        with atomic_writer(cache_file, durable=False) as f:
             np.savez(f, index=index, stamp=stamp)
-        os.replace(tmp, cache_file)
         return True
     except OSError:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
         return False
 
 

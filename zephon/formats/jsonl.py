@@ -9,7 +9,7 @@ where sample ``i`` is the bytes ``[offsets[i], offsets[i+1])`` of the decompress
 last entry is the stream length. A span may carry the line's newline and any blank lines after it,
 which ``json.loads`` ignores as trailing whitespace. Plain files are read with ``os.pread`` (no
 shared file position, so threads can share a reader); compressed files are decompressed whole into
-memory once (see ``compression.py``) and sliced.
+memory once (see ``codecs.py``) and sliced.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .compression import codec_of, iter_blocks, load_decompressed
+from .codecs import codec_of, iter_blocks, load_decompressed
 from .errors import DataError, per_sample
 from .fileio import PreadFile, coalesce_runs
 from .index_cache import load_or_build

@@ -7,7 +7,13 @@ process records the latest entry per lane here. Worker count and prefetch depth 
 """
 from __future__ import annotations
 
-from . import checkpoint as ckpt
+from .. import checkpoint as ckpt
+
+
+def initial_state(loader) -> dict:
+    """The checkpoint of ``loader``'s rank before anything was delivered (every lane of ``rank_lanes``)."""
+    return ckpt.make_state(loader.fingerprint, loader.summary, loader.canonical_replicas, loader.rows_per_lane_step,
+                           ckpt.initial_lanes(loader.rank_lanes))
 
 
 class Progress:
@@ -16,8 +22,9 @@ class Progress:
     Args:
         loader: a ``Loader`` with this rank's config (not iterated; its ``checkpoint()`` gives the
             starting entries: zero, or a state passed to its ``restore``).
-    ``observe(mb)`` pops ``__state__`` from a consumed micro-batch; ``checkpoint()`` returns the rank's
-    checkpoint dict (every lane of ``loader.rank_lanes``), as ``Loader.checkpoint`` would."""
+    ``observe(mb)`` pops ``__state__`` from a consumed micro-batch (``record(entry)`` takes the entry
+    itself); ``checkpoint()`` returns the rank's checkpoint dict (every lane of ``loader.rank_lanes``), as
+    ``Loader.checkpoint`` would. Raises ``ValueError`` for a loader that owns only part of its rank."""
 
     def __init__(self, loader):
         self.loader = loader
@@ -32,13 +39,16 @@ class Progress:
     def observe(self, mb: dict) -> dict:
         """Record the lane entry carried by micro-batch ``mb`` (removed from it); returns ``mb``.
         Raises ``KeyError`` if ``mb`` has no ``__state__`` (the loader lacks ``emit_state=True``)."""
-        entry = mb.pop("__state__")
+        self.record(mb.pop("__state__"))
+        return mb
+
+    def record(self, entry: dict) -> None:
+        """Record one lane's checkpoint entry (its state once a micro-batch was consumed)."""
         if entry["lane"] not in self.entries:
             raise ValueError(f"micro-batch of lane {entry['lane']}, which this rank does not own")
         self.entries[entry["lane"]] = entry
-        return mb
 
     def checkpoint(self) -> dict:
         L = self.loader
-        return ckpt.make_state(L.fingerprint, L.summary, L.canonical_replicas, L.rows_per_step,
+        return ckpt.make_state(L.fingerprint, L.summary, L.canonical_replicas, L.rows_per_lane_step,
                                list(self.entries.values()))

@@ -1,4 +1,4 @@
-"""Checkpoint state: plain JSON data, validated against a config fingerprint, merged across ranks.
+"""Checkpoint state schema: plain JSON data, a typed lane cursor, validation against a config fingerprint.
 
 A checkpoint holds, per lane, where replay starts (the chunk and offset of the last flush sentinel
 before the cursor), how many rows of that span were already delivered (the replay cursor), and the lane's
@@ -9,13 +9,62 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import asdict, dataclass
 
 FORMAT = "zephon-checkpoint/1"
 LANE_KEYS = ("lane", "sentinel_chunk", "sentinel_offset", "replay_cursor", "delivered_rows")
+#: Version of the algorithms that turn a config into streams (index permutation, mixture allocation,
+#: chunking, shuffle hash, packing; pinned by tests/test_golden.py). It is part of every config and so of
+#: the fingerprint: bump it when a pinned output changes, and a checkpoint of the old algorithms is
+#: refused by name instead of being restored onto a different stream.
+ALGORITHM_VERSION = 1
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be applied: another config, missing lanes, or malformed."""
+
+
+@dataclass(frozen=True)
+class LaneCursor:
+    """One lane's position in a checkpoint: where its replay starts and how far delivery got.
+
+    lane: lane id in ``[0, canonical_replicas)``.
+    sentinel_chunk, sentinel_offset: the flush sentinel that opens the span being delivered (a lane-local
+        pointer position ``sentinel_chunk * chunk_size + sentinel_offset``, a multiple of the flush span).
+    replay_cursor: rows of that span already delivered (a resume regenerates the span and skips them).
+    delivered_rows: rows of the lane delivered since the start of the run.
+    JSON form: a dict with exactly these keys (``to_dict`` / ``from_dict``)."""
+
+    lane: int
+    sentinel_chunk: int = 0
+    sentinel_offset: int = 0
+    replay_cursor: int = 0
+    delivered_rows: int = 0
+
+    @classmethod
+    def fresh(cls, lane: int) -> "LaneCursor":
+        """The cursor of a lane that has delivered nothing."""
+        return cls(lane)
+
+    @classmethod
+    def from_dict(cls, entry) -> "LaneCursor":
+        """Parse a checkpoint lane entry. Raises ``CheckpointError`` naming the entry when keys or values
+        are wrong (non-negative integers; ``replay_cursor <= delivered_rows``)."""
+        if not isinstance(entry, dict) or sorted(entry) != sorted(LANE_KEYS):
+            raise CheckpointError(f"malformed lane entry {entry!r}; expected keys {LANE_KEYS}")
+        if not all(type(entry[k]) is int and 0 <= entry[k] < 1 << 62 for k in LANE_KEYS):
+            raise CheckpointError(f"lane entry {entry!r}: values must be non-negative integers")
+        if entry["replay_cursor"] > entry["delivered_rows"]:
+            raise CheckpointError(f"lane entry {entry!r}: replay_cursor exceeds delivered_rows")
+        return cls(**{k: entry[k] for k in LANE_KEYS})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def position(self, rows_per_lane_step: int, micro_batch_size: int) -> tuple[int, int]:
+        """``(step, micro-batch index)`` of the lane's next row."""
+        step, rows = divmod(self.delivered_rows, rows_per_lane_step)
+        return step, rows // micro_batch_size
 
 
 def canonical_json(obj) -> str:
@@ -78,6 +127,11 @@ def validate(state, fingerprint: str, summary: dict, lanes=None) -> dict:
         fmt = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"not a Zephon checkpoint (format {fmt!r}, expected {FORMAT!r})")
     if state.get("fingerprint") != fingerprint:
+        ours, theirs = summary.get("algorithm"), (state.get("config") or {}).get("algorithm")
+        if ours != theirs:
+            raise CheckpointError(f"checkpoint was made by Zephon algorithm version {theirs} (index permutation, "
+                                  f"mixture, chunking, shuffle, packing); this loader runs version {ours}, which "
+                                  f"would regenerate different streams: resume with the Zephon that wrote it")
         diffs = config_diff(summary, state.get("config", {}))
         detail = "; ".join(diffs) if diffs else "fingerprints differ (dataset content or operator settings)"
         raise CheckpointError(f"checkpoint was made with another config: {detail}")
@@ -86,12 +140,7 @@ def validate(state, fingerprint: str, summary: dict, lanes=None) -> dict:
         raise CheckpointError("checkpoint lane entries were altered or truncated (lanes_sha256 does not match)")
     by_lane = {}
     for entry in lanes_list:
-        if not isinstance(entry, dict) or sorted(entry) != sorted(LANE_KEYS):
-            raise CheckpointError(f"malformed lane entry {entry!r}; expected keys {LANE_KEYS}")
-        if not all(type(entry[k]) is int and 0 <= entry[k] < 1 << 62 for k in LANE_KEYS):
-            raise CheckpointError(f"lane entry {entry!r}: values must be non-negative integers")
-        if entry["replay_cursor"] > entry["delivered_rows"]:
-            raise CheckpointError(f"lane entry {entry!r}: replay_cursor exceeds delivered_rows")
+        LaneCursor.from_dict(entry)
         if entry["lane"] in by_lane and by_lane[entry["lane"]] != entry:
             raise CheckpointError(f"lane {entry['lane']} appears twice with different states")
         by_lane[entry["lane"]] = entry
@@ -99,45 +148,26 @@ def validate(state, fingerprint: str, summary: dict, lanes=None) -> dict:
         missing = sorted(set(lanes) - set(by_lane))
         if missing:
             raise CheckpointError(f"checkpoint lacks lanes {missing} (it has {len(by_lane)} lanes: "
-                                  f"{_ranges(sorted(by_lane))}); merge every rank's state before restoring")
+                                  f"{lane_ranges(sorted(by_lane))}); merge every rank's state before restoring")
     return by_lane
 
 
-def make_state(fingerprint: str, summary: dict, canonical_replicas: int, rows_per_step: int, lanes: list) -> dict:
+def initial_lanes(lanes) -> list[dict]:
+    """Lane entries of lanes that have delivered nothing (a fresh start), in the given order."""
+    return [LaneCursor.fresh(lane).to_dict() for lane in lanes]
+
+
+def make_state(fingerprint: str, summary: dict, canonical_replicas: int, rows_per_lane_step: int, lanes: list) -> dict:
     """Assemble a checkpoint dict from per-lane entries (sorted by lane)."""
     lanes = sorted(lanes, key=lambda e: e["lane"])
-    steps = [e["delivered_rows"] // rows_per_step for e in lanes]
+    steps = [e["delivered_rows"] // rows_per_lane_step for e in lanes]
     return {"format": FORMAT, "fingerprint": fingerprint, "config": summary,
-            "canonical_replicas": canonical_replicas, "rows_per_lane_step": rows_per_step,
+            "canonical_replicas": canonical_replicas, "rows_per_lane_step": rows_per_lane_step,
             "step": min(steps) if steps else 0, "lanes": lanes, "lanes_sha256": digest(lanes)}
 
 
-def merge_states(states) -> dict:
-    """Merge per-rank checkpoints into one global checkpoint that any dp_degree can restore.
-
-    ``states``: iterable of checkpoint dicts (each with a subset of the lanes). Raises
-    ``CheckpointError`` if fingerprints differ, a lane appears twice with different content, or any
-    of the ``canonical_replicas`` lanes is missing (named)."""
-    states = list(states)
-    if not states:
-        raise CheckpointError("no rank states to merge")
-    first = states[0]
-    for s in states:
-        validate(s, first.get("fingerprint"), first.get("config", {}))
-    merged: dict[int, dict] = {}
-    for s in states:
-        for e in s["lanes"]:
-            if e["lane"] in merged and merged[e["lane"]] != e:
-                raise CheckpointError(f"lane {e['lane']} is in two rank states with different content")
-            merged[e["lane"]] = e
-    r = first["canonical_replicas"]
-    missing = sorted(set(range(r)) - set(merged))
-    if missing:
-        raise CheckpointError(f"merged checkpoint lacks lanes {_ranges(missing)} of {r}: a rank's state is missing")
-    return make_state(first["fingerprint"], first["config"], r, first["rows_per_lane_step"], list(merged.values()))
-
-
-def _ranges(xs) -> str:
+def lane_ranges(xs) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"`` (for messages)."""
     out, i = [], 0
     while i < len(xs):
         j = i

@@ -20,10 +20,11 @@ import math
 import os
 import re
 import time
-import uuid
 
-from ..engine.checkpoint import CheckpointError, canonical_json, merge_states
+from ..formats.fileio import atomic_write
 from .aggregate import AggregationError, Aggregator
+from .merge import merge_states
+from .schema import CheckpointError, canonical_json
 
 GLOBAL, COMMITTED, FAILED = "global.json", "COMMITTED", "FAILED"
 RANK_FORMAT = "zephon-rank-state/1"
@@ -104,11 +105,11 @@ class DirectoryAggregator(Aggregator):
             for marker in (COMMITTED, FAILED):  # a re-used name: it is not committed until done again
                 _remove(os.path.join(round_dir, marker))
         os.makedirs(round_dir, exist_ok=True)
-        _write_atomic(own, payload)
+        atomic_write(own, payload)
         deadline = time.monotonic() + self.timeout
         while True:
             if not os.path.exists(own):  # rank 0 cleaned a leftover of an earlier incarnation
-                _write_atomic(own, payload)
+                atomic_write(own, payload)
             present = [os.path.exists(os.path.join(round_dir, f"rank-{r}.json")) for r in range(self.world_size)]
             if rank == 0 and all(present):
                 return self._merge_and_commit(round_dir, name)
@@ -153,18 +154,18 @@ class DirectoryAggregator(Aggregator):
         except CheckpointError as e:
             self._fail(round_dir, raw, str(e))
         data = canonical_json(merged).encode()
-        _write_atomic(os.path.join(round_dir, GLOBAL), data)
+        atomic_write(os.path.join(round_dir, GLOBAL), data)
         seq = 1 + max((_read_marker(self.run_dir, n).get("seq", 0)
                        for n in committed_rounds(self.aggregate_dir, self.run_id)), default=0)
         marker = {"seq": seq, "round": name, "run_id": self.run_id, "world_size": self.world_size,
                   "global_sha256": _sha(data), "ranks_sha256": [_sha(d) for d in raw], "time": time.time()}
-        _write_atomic(os.path.join(round_dir, COMMITTED), canonical_json(marker).encode())
+        atomic_write(os.path.join(round_dir, COMMITTED), canonical_json(marker).encode())
         return json.loads(data)
 
     def _fail(self, round_dir: str, raw: list, message: str):
         """Record why this round cannot commit (the other ranks raise the same error), then raise."""
         message = f"{message} (run {self.run_id!r}, round directory {round_dir})"
-        _write_atomic(os.path.join(round_dir, FAILED),
+        atomic_write(os.path.join(round_dir, FAILED),
                       canonical_json({"error": message, "ranks_sha256": [_sha(d) for d in raw]}).encode())
         raise CheckpointError(message)
 
@@ -241,28 +242,6 @@ def _read_marker(run_dir: str, name: str) -> dict:
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    """tmp file in the same directory + fsync + os.replace + directory fsync: readers see all or nothing,
-    and the rename survives a crash."""
-    d = os.path.dirname(path)
-    tmp = os.path.join(d, f".{os.path.basename(path)}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some filesystems refuse fsync on a directory
-        pass
-    finally:
-        os.close(fd)
 
 
 def _remove(path: str) -> None:

@@ -1,21 +1,14 @@
-"""Checkpoint aggregation across ranks: every rank's ``Loader.checkpoint()`` becomes one global checkpoint
-(``merge_states``), restorable at any dp_degree. Transports behind one ``Aggregator`` interface:
-``TorchDistAggregator`` (torch.distributed, gloo side group), ``DirectoryAggregator`` (shared filesystem),
-``LocalAggregator`` (ranks simulated in one process). ``gather_checkpoint`` picks one. torch is imported
-only when a torch.distributed job uses it.
-"""
+"""``gather_checkpoint``: this rank's state merged with every other rank's, over whichever transport the
+job has (torch.distributed, a shared directory, or none for a single process). torch is imported only when
+a torch.distributed job uses it."""
 from __future__ import annotations
 
 import os
 import sys
 
-from ..engine.checkpoint import merge_states
-from .aggregate import AggregationError, Aggregator, LocalAggregator
-from .shared_dir import DirectoryAggregator, committed_rounds, latest_checkpoint
+from .merge import merge_states
+from .shared_dir import DirectoryAggregator
 from .torch_dist import TorchDistAggregator
-
-__all__ = ["AggregationError", "Aggregator", "DirectoryAggregator", "LocalAggregator", "TorchDistAggregator",
-           "committed_rounds", "gather_checkpoint", "latest_checkpoint"]
 
 # One aggregator per transport and settings, reused by gather_checkpoint: building a TorchDistAggregator is a
 # collective (a new gloo group), and a DirectoryAggregator's round counter must advance from call to call.

@@ -14,7 +14,8 @@ import re
 import time
 from datetime import timedelta
 
-from ..engine.checkpoint import CheckpointError, canonical_json, merge_states
+from .merge import merge_states
+from .schema import CheckpointError, canonical_json
 from .aggregate import AggregationError, Aggregator
 
 _KEY_PREFIX = "zephon-agg"

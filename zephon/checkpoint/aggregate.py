@@ -9,7 +9,8 @@ checkpoint must not run code.
 """
 from __future__ import annotations
 
-from ..engine.checkpoint import CheckpointError, merge_states
+from .merge import merge_states
+from .schema import CheckpointError
 
 
 class AggregationError(CheckpointError):

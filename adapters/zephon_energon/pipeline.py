@@ -1,0 +1,101 @@
+"""``EnergonDataset``: what ``get_train_dataset`` / ``get_val_dataset`` return.
+
+It is a torch ``IterableDataset`` holding one data-parallel rank's Zephon pipeline:
+
+    WorkSource (mixture of the prepared datasets, seeded permutations, ``canonical_replicas`` lanes)
+      -> workers: read tar members (``.tar.idx`` random access), build Energon samples from
+         ``field_map`` (or crude samples + cookers), ``encode_sample``            [EncodeSamples]
+      -> pump, one accumulator per lane: shuffle buffer (``shuffle_buffer_size``), the task
+         encoder's packing (``packing_buffer_size``)                              [Shuffle, TaskPack]
+      -> tail: ``batch_size`` rows of one lane per micro-batch (``batch_drop_last``) [Batch]
+      -> ``task_encoder.batch`` + ``encode_batch`` on that lane micro-batch.
+
+Iterated by a DataLoader worker it runs that worker's share of the rank's lanes and yields ``(meta, batch)``
+pairs whose ``meta`` carries the lane's checkpoint entry (``zephon.host.RankSession.worker_items``); the
+loaders of this package (``get_savable_loader``) put the lanes back in the rank's order, agree where a
+finite pass ends and keep the consumed state through the same session.
+"""
+from __future__ import annotations
+
+import gc
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from zephon import Loader
+from zephon.host import RankSession
+
+from ._hooks import call_hook, energon_context, expand_result, overridden
+from .keywords import error_handler
+
+
+class EnergonDataset(IterableDataset):
+    """One rank's pipeline (see the module docstring). Built by ``get_train_dataset`` /
+    ``get_val_dataset``; attributes: ``worker_config``, ``session`` (the rank's ``zephon.host.RankSession``,
+    shared with the loader), ``loader`` (its template ``zephon.Loader``: config, fingerprint, lanes, starting
+    state; never iterated itself), ``batch_size``, ``virtual_epoch_length``, ``limit``, ``training``."""
+
+    def __init__(self, *, datasets, weights, ops, loader_kwargs, worker_config, task_encoder, batch_size,
+                 training: bool, virtual_epoch_length: int = 0, limit=None, seed_offset: int = 0,
+                 gc_every: int = 0, sources=()):
+        super().__init__()
+        self.worker_config = worker_config
+        self.task_encoder = task_encoder
+        self.batch_size = batch_size
+        self.training = training
+        self.virtual_epoch_length = virtual_epoch_length
+        self.limit = limit
+        self.seed_offset = seed_offset
+        self.gc_every = gc_every
+        self.sources = list(sources)
+        self._args = (list(datasets), list(ops))
+        self._kwargs = dict(loader_kwargs, weights=weights)
+        # Energon's data-parallel group is the set of ranks that must agree where a finite pass ends.
+        self.session = RankSession(self._make_loader,
+                                   agreement_group=getattr(worker_config, "data_parallel_group", None))
+        self.loader = self.session.loader
+        self._batch_hooks = overridden(task_encoder, "batch"), overridden(task_encoder, "encode_batch")
+        self._since_gc = 0
+
+    def _make_loader(self, lanes, runner, workers) -> Loader:
+        # The DataLoader workers are the parallelism: each runs its lanes inline.
+        return Loader(*self._args, emit_state=True, runner="inline", num_workers=1, lanes=lanes, **self._kwargs)
+
+    def __len__(self) -> int:
+        if self.virtual_epoch_length:
+            return self.virtual_epoch_length
+        if self.limit:
+            return self.limit
+        raise TypeError("the length of a Zephon Energon dataset is known only with virtual_epoch_length (train) or "
+                        "limit (val): packing, SkipSample and generator hooks change it")
+
+    def __iter__(self):
+        """This process's share of the rank's lanes (a DataLoader worker's, or all of them without workers):
+        ``(meta, payload)`` items of ``RankSession.worker_items``, payloads from ``_finish``."""
+        info = get_worker_info()
+        W, w = (0, 0) if info is None else (info.num_workers, info.id)
+        self._since_gc = 0
+        yield from self.session.worker_items(W, w, finish=self._finish)
+
+    def _finish(self, mb) -> list:
+        """A lane micro-batch -> what the loader yields: the sample (``batch_size=None``) or
+        ``encode_batch(batch(samples))`` (a generator may give several batches, ``SkipSample`` none).
+        Also Energon's ``gc_collect_every_n_steps`` (counted in lane micro-batches of this process)."""
+        self._since_gc += 1
+        if self.gc_every and self._since_gc % self.gc_every == 0:
+            gc.collect()
+        samples = list(mb["sample"])
+        if self.batch_size is None:
+            return samples
+        src = mb["__src__"][0]
+        first = src[0][0] if isinstance(src, list) else src[3]
+        record = {"__src__": src if not isinstance(src, list) else None}
+        handler = error_handler(self.worker_config)
+        te = self.task_encoder
+        with energon_context(self.seed_offset, first):
+            batch = call_hook(te.batch, samples, record, handler, "batch")
+            if batch is None:
+                return []
+            if not self._batch_hooks[1]:
+                return [batch]
+            return expand_result(call_hook(te.encode_batch, batch, record, handler, "encode_batch"), record,
+                                 handler, "encode_batch")

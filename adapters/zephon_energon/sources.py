@@ -1,0 +1,63 @@
+"""Where a dataset's samples come from: a prepared dataset directory or a metadataset YAML, opened as Zephon
+datasets with the mixture weights Energon's ``blend`` / ``blend_epochized`` give them. See docs/energon.md.
+"""
+from __future__ import annotations
+
+import os
+
+from .keywords import refuse
+
+
+def _open_sources(path, split_part, kwargs):
+    """``[(zephon Dataset, SampleFactory-args, weight, repetitions)]`` for a prepared dataset directory or
+    a metadataset YAML."""
+    from zephon.formats import open_dataset
+    try:
+        from zephon.formats import energon as efmt
+    except ImportError as e:  # pragma: no cover - the reader ships with the core
+        raise ImportError("zephon.formats.energon (the Energon-prepared WebDataset reader) is missing") from e
+
+    path = os.fspath(path)
+    if os.path.isfile(path):
+        entries = efmt.load_metadataset(path, split_part)
+    else:
+        entries = [{"path": path, "weight": None, "subset": None, "repetitions": None, "subflavors": None,
+                    "split_part": split_part}]
+    out = []
+    for e in entries:
+        # Raw parts: the task encoder's own decoder (Energon's SampleDecoder) decodes them on the workers.
+        open_kwargs = {"format": "energon", "split_part": e.get("split_part") or split_part, "decode": False}
+        if e.get("subset"):
+            open_kwargs["subset"] = e["subset"]
+        ds = open_dataset(e["path"], **open_kwargs)  # no __fields__ without decoding: SampleFactory maps them
+        out.append((ds, e))
+    return out
+
+
+def _weights(sources, repeat: bool):
+    """Core datasets and mixture weights: ``blend`` weights as given; ``blend_epochized`` repetitions r
+    (whole numbers) list the dataset r times, each weighted by its size, so one pass of the mixture is
+    r passes of that dataset."""
+    reps = [e.get("repetitions") for _, e in sources]
+    if any(r not in (None, 1) for r in reps):
+        datasets, weights, metas = [], [], []
+        for (ds, e), r in zip(sources, reps):
+            r = 1 if r is None else r
+            if r != int(r) or r < 1:
+                refuse("blend_epochized repetitions", f"{r} for {e['path']}: only whole repetitions >= 1 are "
+                       f"supported (use a subset range for a fraction)")
+            for _ in range(int(r)):
+                datasets.append(ds)
+                weights.append(ds.num_samples)
+                metas.append(e)
+        return datasets, weights, metas
+    ws = [e.get("weight") for _, e in sources]
+    if len(sources) > 1 and any(w is not None for w in ws):
+        if not repeat:
+            refuse("repeat=False", "a weighted blend repeats its datasets (Energon asserts repeat=True for blends too)")
+        weights = [1.0 if w is None else float(w) for w in ws]
+    elif len(sources) > 1:  # no weights (a concatenation): proportional to size, one pass of each
+        weights = [ds.num_samples for ds, _ in sources]
+    else:
+        weights = None
+    return [ds for ds, _ in sources], weights, [e for _, e in sources]

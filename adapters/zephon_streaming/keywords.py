@@ -1,0 +1,176 @@
+"""mosaicml-streaming 0.13's keywords on Zephon: ``Stream``, the refused knobs, stream weights and the world.
+
+Translation only (see docs/streaming.md for each keyword's status): what Mosaic's keywords mean in Zephon's terms
+(mixture weights, samples per epoch, rank and world size), and a clear refusal for the knobs whose non-default
+values would change semantics Zephon does not have.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+REMOTE_SCHEMES = ("s3://", "gs://", "oci://", "azure://", "az://", "hf://", "dbfs:", "sftp://", "http://", "https://")
+
+
+class RefusedKeyword(ValueError):
+    """A mosaicml-streaming keyword (or value) Zephon does not honour; the message says why and what to use."""
+
+
+def refuse(name, value, why):
+    """Raise ``RefusedKeyword`` for keyword ``name`` set to ``value``; ``why``: the reason and what to use."""
+    raise RefusedKeyword(f"{name}={value!r} is not supported by zephon_streaming: {why}")
+
+
+def abbrev_to_int(v) -> int:
+    """Mosaic's epoch size notation: an int or '10k' / '2.5m' / '1b' / '1t'. Raises ValueError otherwise."""
+    if isinstance(v, bool):
+        raise ValueError(f"epoch_size must be an int or a string like '10k', got {v!r}")
+    if isinstance(v, (int, float)):
+        return int(v)
+    s = str(v).strip().lower()
+    units = {"k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
+    try:
+        if s and s[-1] in units:
+            return int(float(s[:-1]) * units[s[-1]])
+        return int(s)
+    except ValueError:
+        raise ValueError(f"epoch_size={v!r}: expected an int or a number with suffix k, m, b or t") from None
+
+
+def detect_world():
+    """``(rank, world_size)``: torch.distributed if initialised, else ``RANK`` / ``WORLD_SIZE``
+    (``LOCAL_WORLD_SIZE`` is checked to divide the world size, as Mosaic does). Raises ValueError for an
+    inconsistent environment."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if not 0 <= rank < world or local < 1 or world % local:
+        raise ValueError(f"inconsistent environment: RANK={rank}, WORLD_SIZE={world}, LOCAL_WORLD_SIZE={local}")
+    return rank, world
+
+
+def refuse_unsupported(*, sampling_method, sampling_granularity, partition_algo, shuffle_algo, batching_method,
+                       stream_name, stream_config) -> None:
+    """Refuse Mosaic knobs left away from their defaults (each argument: the keyword's value).
+    Raises ``RefusedKeyword`` saying why and what to use instead."""
+    if sampling_method != "balanced":
+        refuse("sampling_method", sampling_method, "the mixture is Zephon's closed-form allocation (exact per-"
+               "stream counts in every prefix of the stream, a fresh choice of samples each epoch when "
+               "shuffle=True), which is 'balanced'; leave sampling_method at its default")
+    if sampling_granularity != 1:
+        refuse("sampling_granularity", sampling_granularity, "streams are interleaved sample by sample by the "
+               "mixture; leave it at 1")
+    if partition_algo != "relaxed":
+        refuse("partition_algo", partition_algo, "samples are partitioned by lanes (num_canonical_nodes), which "
+               "every world size dividing them can resume; there is no other partition algorithm")
+    if shuffle_algo not in ("py1e", None):
+        refuse("shuffle_algo", shuffle_algo, "Zephon has one shuffle: seeded bijective permutations of the shard "
+               "order and of samples within each shard (or within shuffle_block_size blocks); leave shuffle_algo "
+               "at its default and use shuffle / shuffle_seed / shuffle_block_size")
+    if batching_method != "random":
+        refuse("batching_method", batching_method, "a global batch is global_batch_size / num_canonical_nodes "
+               "rows from every lane of the mixed stream; per-stream or stratified batches are not built; use "
+               "Stream(proportion=...) for the mix")
+    if stream_name != "stream" or stream_config:
+        name, value = ("stream_name", stream_name) if stream_name != "stream" else ("stream_config", stream_config)
+        refuse(name, value, "custom Stream classes from the registry are not used; pass zephon_streaming.Stream "
+               "objects in streams=")
+
+
+def stream_weights(streams, sizes, epoch_size) -> tuple[list[float], int | None, bool]:
+    """Mixture weights from Mosaic's per-stream ``proportion`` / ``repeat`` / ``choose``.
+
+    streams: ``Stream`` list. sizes: samples per stream. epoch_size: Mosaic's ``epoch_size`` (int, abbreviated
+    string or None). Returns ``(weights, epoch_value, one_pass)``: ``weights`` are samples per epoch per stream,
+    ``epoch_value`` the explicit ``epoch_size`` as an int (or None), ``one_pass`` when nothing sets the epoch (a
+    single pass over the data). Raises ValueError for mixed relative/absolute weights or
+    ``epoch_size`` combined with absolute weights (mosaicml-streaming refuses both too)."""
+    kinds = {("proportion" if s.proportion is not None else "repeat" if s.repeat is not None
+              else "choose" if s.choose is not None else None) for s in streams}
+    epoch_value = abbrev_to_int(epoch_size) if epoch_size else None
+    if epoch_value is not None and epoch_value < 1:
+        raise ValueError(f"epoch_size must be >= 1, got {epoch_size!r}")
+    if "proportion" in kinds and kinds != {"proportion"}:
+        raise ValueError("Stream weights must be all relative (proportion) or all absolute (repeat / choose / "
+                         "unset), as in mosaicml-streaming")
+    if kinds == {"proportion"}:
+        total = sum(s.proportion for s in streams)
+        counts = [s.proportion / total * (epoch_value or sum(sizes)) for s in streams]
+    elif kinds - {None}:
+        if epoch_value is not None:
+            raise ValueError("epoch_size cannot be combined with Stream(repeat=...) / Stream(choose=...): those "
+                             "already fix the samples per epoch (mosaicml-streaming refuses it too)")
+        counts = [s.choose if s.choose is not None else (s.repeat if s.repeat is not None else 1) * n
+                  for s, n in zip(streams, sizes)]
+    else:
+        counts = [float(n) for n in sizes]
+    one_pass = kinds <= {None} and epoch_value is None
+    return [float(c) for c in counts], epoch_value, one_pass
+
+
+class Stream:
+    """One data source, as ``streaming.Stream``: ``remote`` / ``local`` / ``split`` locate the shards
+    (MDS ``index.json``, or JSONL / Parquet files); at most one of ``proportion`` (relative),
+    ``repeat`` (samples per epoch = repeat x stream size) or ``choose`` (samples per epoch) sets its
+    mixture weight. ``validate_hash`` is passed to the MDS reader; ``download_retry``,
+    ``download_timeout`` and ``keep_zip`` have no effect (Zephon reads shards in place, it never
+    downloads or unzips to a cache). Raises ValueError for more than one weight or a weight that is not a
+    finite number > 0."""
+
+    def __init__(self, *, remote=None, local=None, split=None, proportion=None, repeat=None, choose=None,
+                 download_retry=None, download_timeout=None, validate_hash=None, keep_zip=None):
+        given = [n for n, v in (("proportion", proportion), ("repeat", repeat), ("choose", choose)) if v is not None]
+        if len(given) > 1:
+            raise ValueError(f"Stream: at most one of proportion, repeat and choose may be given, got {given}")
+        for n, v in (("proportion", proportion), ("repeat", repeat), ("choose", choose)):
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"Stream: {n} must be a finite number > 0, got {v!r} (a stream that contributes "
+                                 f"nothing should be left out)")
+        if choose is not None and int(choose) != choose:
+            raise ValueError(f"Stream: choose must be a whole number of samples, got {choose!r}")
+        self.remote, self.local, self.split = remote, local, split
+        self.proportion, self.repeat, self.choose = proportion, repeat, choose
+        self.download_retry, self.download_timeout = download_retry, download_timeout
+        self.validate_hash, self.keep_zip = validate_hash, keep_zip
+
+    def apply_default(self, default: dict) -> None:
+        """Fill the attributes left None from ``default`` (the dataset's own keywords)."""
+        for k, v in default.items():
+            if getattr(self, k, None) is None:
+                setattr(self, k, v)
+
+    def __repr__(self):
+        return (f"Stream(remote={self.remote!r}, local={self.local!r}, split={self.split!r}, "
+                f"proportion={self.proportion!r}, repeat={self.repeat!r}, choose={self.choose!r})")
+
+    def resolve(self) -> tuple[str, bool]:
+        """``(directory, is_mds)``: ``local`` if it holds the shards, else ``remote`` when it is a
+        local (or mounted) path. Raises ``RefusedKeyword`` for a remote URL with no local copy,
+        FileNotFoundError when no shards are found."""
+        split = self.split or ""
+        tried = []
+        for base in (self.local, self.remote):
+            if base is None:
+                continue
+            b = os.fspath(base)
+            if b.startswith("file://"):
+                b = b[len("file://"):]
+            if b.startswith(REMOTE_SCHEMES):
+                continue
+            p = os.path.join(b, split)
+            tried.append(p)
+            if os.path.isdir(p) and any(not n.startswith(".") for n in os.listdir(p)):
+                return p, os.path.exists(os.path.join(p, "index.json"))
+            if os.path.isfile(p):
+                return p, False
+        if self.remote is not None and str(self.remote).startswith(REMOTE_SCHEMES):
+            refuse("remote", self.remote, "Zephon reads shards in place and never downloads. Copy the shards to a "
+                   "local or mounted directory (e.g. `aws s3 sync`, or a streaming.StreamingDataset run with "
+                   f"local=<dir>) and pass local=<dir>; local={self.local!r} holds no shards")
+        raise FileNotFoundError(f"{self!r}: no shards found (looked in {tried or 'nothing: give local= or remote='})")

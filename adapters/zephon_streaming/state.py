@@ -1,0 +1,157 @@
+"""Mosaic's epochs and Composer's state calls, on Zephon checkpoints.
+
+Composer asks the dataset for ``state_dict(num_samples, from_beginning)`` (global samples of the current epoch) and
+gives it back with ``load_state_dict(obj)``, used by the next ``__iter__`` only. This module translates that shape:
+a Mosaic-style dict (``epoch``, ``sample_in_epoch``, the config it was made with) around the rank-merged Zephon
+checkpoint (``loader``). The lane entries come from the side channel (``zephon.host.Channel``), published by
+whichever process handed out each step; merging ranks goes through ``zephon.checkpoint``.
+"""
+from __future__ import annotations
+
+import uuid
+
+from zephon import checkpoint as ckpt
+
+STATE_FORMAT = "zephon-streaming/1"
+
+
+def _div(a, b):
+    return a // b if isinstance(a, int) and a % b == 0 else f"<{a} is not divisible by {b}>"
+
+
+class MosaicState:
+    """``StreamingDataset``'s epochs and state calls (a mixin: it uses the dataset's ``_channel``, config and
+    ``_session``)."""
+
+    @property
+    def next_epoch(self) -> int:
+        """The epoch the next ``__iter__`` runs (unless a loaded state names another)."""
+        return self._channel.latest()[1]["next_epoch"]
+
+    # -- claims: which __iter__ runs which epoch, from which state ----------------------------------
+    def _make_claim(self, table: dict) -> dict:
+        pending = table.get("pending")
+        table["pending"] = None
+        if pending is None:
+            return {"epoch": table["next_epoch"], "start": None, "k0": 0}
+        return {"epoch": pending["epoch"], "start": pending["loader"],
+                "k0": pending["sample_in_epoch"] // self.global_batch_size}
+
+    def _claim(self, key: str) -> dict:
+        return self._channel.claim(key, self._make_claim)
+
+    # -- Composer's calls ---------------------------------------------------------------------------
+    def state_dict(self, num_samples: int, from_beginning: bool) -> dict:
+        """Composer's call: the state after ``num_samples`` samples of the current epoch.
+
+        num_samples: global samples (all ranks), a whole number of global batches. from_beginning: count them from
+        the start of the epoch (False: from where this run resumed). Call it on every rank: it merges every rank's
+        lanes (torch.distributed, else ``aggregate_dir``). Returns JSON data, restorable at another world size
+        (same global batch) and DataLoader ``num_workers``. At ``num_samples`` 0 after an epoch was consumed to its
+        end (Composer's end-of-epoch checkpoint) it is the start of the next epoch, so the finished epoch is not
+        replayed. Raises ValueError for a count that is not whole steps, past the epoch or before the resume point;
+        LookupError when a worker's entries of that step do not arrive within ``state_timeout``."""
+        gbs, S = self.global_batch_size, self.steps_per_epoch
+        if not isinstance(num_samples, int) or num_samples < 0:
+            raise ValueError(f"num_samples must be an int >= 0, got {num_samples!r}")
+        claim, table = self._channel.latest()
+        if claim is None:  # nothing iterated yet: the loaded state (unused) or the start
+            if table["pending"] is not None:
+                return table["pending"]
+            return self._state(table["next_epoch"], 0, None)
+        e, k0 = claim["epoch"], claim["k0"]
+        if num_samples % gbs:
+            raise ValueError(f"num_samples={num_samples} is not a whole number of global batches of {gbs} "
+                             f"(batch_size {self.batch_size} x {self.dp_degree} ranks): the state is kept per step")
+        c = num_samples // gbs + (0 if from_beginning else k0)
+        if c == 0 or (c <= k0 and num_samples == 0):
+            if self._channel.has_step(e, S - 1):  # the epoch was consumed to its end: Composer's epoch end
+                return self._state(e + 1, 0, None)
+            if k0 == 0:
+                return self._state(e, 0, None)
+            return self._state(e, k0 * gbs, claim["start"])
+        if c > S:
+            raise ValueError(f"num_samples={num_samples} is past the end of the epoch ({S} steps of {gbs} samples)")
+        if c < k0:
+            raise ValueError(f"num_samples={num_samples} names step {c}, before step {k0} where this run resumed")
+        if c == k0:
+            return self._state(e, c * gbs, claim["start"])
+        entries = self._channel.entries(e, c - 1, self.state_timeout)
+        L = self._loader(e)
+        rank_state = ckpt.make_state(L.fingerprint, L.summary, L.canonical_replicas, L.rows_per_step, entries)
+        return self._state(e, c * gbs, self._gather(rank_state, f"e{e}-s{c}"))
+
+    def _state(self, epoch: int, sample_in_epoch: int, loader_state) -> dict:
+        return {"format": STATE_FORMAT, "epoch": epoch, "sample_in_epoch": sample_in_epoch,
+                "num_canonical_nodes": self.num_canonical_nodes, "shuffle_seed": self.shuffle_seed,
+                "global_batch_size": self.global_batch_size, "fingerprint": self.fingerprint,
+                "config": self.config_summary, "loader": loader_state}
+
+    def _gather(self, rank_state: dict, tag: str) -> dict:
+        """Every rank's lanes merged: torch.distributed when initialised, else ``aggregate_dir`` (rounds named by
+        epoch and step, so every rank agrees). Raises RuntimeError for several ranks and neither."""
+        if self.dp_degree == 1:
+            return ckpt.merge_states([rank_state])
+        if self.rank % (self.replication or 1):
+            # a replica holds the same lanes as the first rank of its group, which contributes them
+            rank_state = dict(rank_state, lanes=[], lanes_sha256=ckpt.digest([]))
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return ckpt.gather_checkpoint(rank_state, run_id=self.run_id)
+        if self.aggregate_dir is None:
+            raise RuntimeError(f"state_dict at WORLD_SIZE={self.world_size} needs every rank's lanes: initialise "
+                               f"torch.distributed, or pass aggregate_dir= (a directory all ranks share; or "
+                               f"$ZEPHON_AGGREGATE_DIR)")
+        agg = getattr(self, "_aggregator", None)
+        if agg is None:  # one per dataset object: its rounds are this dataset's steps
+            run = self.run_id or ("zs-" + self.fingerprint[:16])
+            agg = self._aggregator = ckpt.DirectoryAggregator(self.aggregate_dir, run, self.world_size,
+                                                              timeout=self.state_timeout)
+        config = uuid.uuid5(uuid.NAMESPACE_OID, self.fingerprint).hex[:8]  # rounds of another config never collide
+        return agg.gather(self.rank, rank_state, tag=f"{tag}-{config}")
+
+    def load_state_dict(self, obj) -> None:
+        """Composer's call: validate ``obj`` now and use it for the next ``__iter__`` only.
+
+        obj: a ``state_dict`` result (None: nothing to load). Raises ``CheckpointError`` saying what differs (a
+        mosaicml-streaming state, another config, malformed values, lanes that do not restore)."""
+        if obj is None:
+            return
+        if not isinstance(obj, dict) or obj.get("format") != STATE_FORMAT:
+            if isinstance(obj, dict) and {"epoch", "sample_in_epoch", "num_canonical_nodes"} <= set(obj):
+                raise ckpt.CheckpointError(
+                    "this is a mosaicml-streaming state: Zephon's sample order differs from Mosaic's, so a position "
+                    "in Mosaic's order cannot be continued exactly; start this dataset fresh (drop the dataset state "
+                    "from the checkpoint) or resume with streaming.StreamingDataset")
+            raise ckpt.CheckpointError(f"not a zephon_streaming state (format "
+                                       f"{obj.get('format') if isinstance(obj, dict) else type(obj).__name__!r}, "
+                                       f"expected {STATE_FORMAT!r})")
+        diffs = []
+        if obj.get("global_batch_size") != self.global_batch_size:
+            diffs.append(f"global batch size: state has {obj.get('global_batch_size')}, this run has "
+                         f"{self.global_batch_size} (batch_size={self.batch_size} x {self.dp_degree} ranks); at "
+                         f"{self.dp_degree} ranks use batch_size={_div(obj.get('global_batch_size'), self.dp_degree)}")
+        if obj.get("shuffle_seed") != self.shuffle_seed:
+            diffs.append(f"shuffle_seed: state has {obj.get('shuffle_seed')}, this dataset has {self.shuffle_seed}")
+        if diffs:
+            raise ckpt.CheckpointError("state was made with another config: " + "; ".join(diffs))
+        if obj.get("num_canonical_nodes") != self.num_canonical_nodes:
+            if self._lanes_given:
+                raise ckpt.CheckpointError(f"state was made with another config: num_canonical_nodes: state has "
+                                           f"{obj.get('num_canonical_nodes')}, this dataset has "
+                                           f"{self.num_canonical_nodes}")
+            self._configure(obj.get("num_canonical_nodes"))  # Mosaic adopts the checkpoint's, so do we
+        if obj.get("fingerprint") != self.fingerprint:
+            d = ckpt.config_diff(self.config_summary, obj.get("config", {}))
+            raise ckpt.CheckpointError("state was made with another config: " +
+                                       ("; ".join(d) if d else "fingerprints differ (dataset content or settings)"))
+        e, n = obj.get("epoch"), obj.get("sample_in_epoch")
+        if not (isinstance(e, int) and e >= 0 and isinstance(n, int) and 0 <= n <= self.length * self.dp_degree
+                and n % self.global_batch_size == 0):
+            raise ckpt.CheckpointError(f"malformed state: epoch={e!r}, sample_in_epoch={n!r}")
+        if obj.get("loader") is not None:
+            self._session(e, obj["loader"])  # validates now (fingerprint, lanes)
+        elif n:
+            raise ckpt.CheckpointError(f"malformed state: sample_in_epoch={n} without lane entries")
+        self._channel.set_pending(obj)

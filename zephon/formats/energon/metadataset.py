@@ -1,0 +1,128 @@
+"""Energon Metadataset v2 YAML (``__class__: MetadatasetV2``): the leaf datasets of one split.
+
+A split is a dataset reference (``path`` to a prepared root or to another metadataset YAML, with optional
+``split_part``, ``subset``, ``subflavors``, ...), a weighted ``blend`` or a ``blend_epochized`` (repetitions)
+of such nodes, nested freely. ``load_metadataset`` flattens it into leaves carrying what Energon's
+``get_datasets`` computes for each: the normalised weight or repetitions product, the merged subset
+(``subset.merge_subset``), and the merged subflavors. Apply a leaf's subset with
+``open_energon(path, split_part=leaf["split_part"], subset=leaf["subset"])``.
+"""
+from __future__ import annotations
+
+import os
+
+from ..errors import DataError
+from .nvmeta import MAIN_FOLDER, is_energon_source
+from .subset import merge_subset
+from .yamlio import read_yaml_file
+
+
+def load_metadataset(path, split_part: str = "train") -> list[dict]:
+    """Leaves of split ``split_part`` of an Energon Metadataset v2 YAML, in YAML order.
+
+    path: the metadataset YAML file. split_part: the split to read (``splits.<split_part>``).
+    Returns one dict per leaf dataset::
+
+        {"path": absolute dataset root, "split_part": str (the leaf's own split_part, else the inherited one),
+         "weight": float | None       # blend: product over the nesting levels of weight / sum of sibling
+                                      # weights (Energon's normalisation); None outside any blend
+         "repetitions": int | float | None   # blend_epochized: product of repetitions; None outside
+         "subset": None | {"range": (f0, f1) | None, "absolute_range": (start, end | None) | None}
+                                      # merged over the levels as Energon merges them; apply with subset_bounds
+         "subflavors": {...}          # the metadataset's, inner overridden by outer (Energon's traversal);
+                                      # samples get {**dataset.yaml subflavors, **these}
+         "shuffle_over_epochs_multiplier": int | None, "dataset_config": str | None, "split_config": str | None}
+
+    Nested metadatasets (a ``path`` ending in ``.yaml``) are followed; relative paths resolve against the
+    directory of the YAML that names them.
+    Raises DataError naming the YAML for: not a MetadatasetV2 (v1 ``Metadataset`` files are refused), an
+    unknown split, ``join`` (not supported), mixing ``blend`` with ``blend_epochized``, bad weights or
+    subsets, a leaf that is neither an Energon dataset root nor a metadataset, a YAML including itself.
+    """
+    path = os.path.abspath(os.fspath(path))
+    leaves, _mode = _split_of(path, split_part, subflavors=None, subset=None, seen=())
+    return leaves
+
+
+def _split_of(path: str, split_part: str, *, subflavors, subset, seen) -> tuple[list[dict], str]:
+    """Leaves of ``splits.<split_part>`` of the YAML at ``path`` and its blend mode ("none" | "weight" |
+    "repetitions"), with ``subflavors`` / ``subset`` inherited from the including node."""
+    if path in seen:
+        raise DataError("metadataset includes itself", path=path)
+    obj = read_yaml_file(path)
+    if not isinstance(obj, dict) or obj.get("__class__") != "MetadatasetV2":
+        raise DataError("not a Metadataset v2 YAML (expected __module__: megatron.energon, __class__: MetadatasetV2)",
+                        path=path)
+    splits = obj.get("splits")
+    if not isinstance(splits, dict) or split_part not in splits:
+        have = ", ".join(sorted(splits)) if isinstance(splits, dict) else "none"
+        what = "the nested metadataset" if seen else "the metadataset"
+        raise DataError(f"no split {split_part!r} in {what} (splits: {have})", path=path)
+    try:
+        return _node(splits[split_part], path, split_part, subflavors, subset, seen + (path,), f"splits.{split_part}")
+    except DataError:
+        raise
+    except ValueError as e:  # node errors carry their YAML location; add the file
+        raise DataError(str(e), path=path) from None
+
+
+def _node(node, yaml_path, split_part, subflavors, parent_subset, seen, where) -> tuple[list[dict], str]:
+    """Leaves and blend mode of one node (a blend, a blend_epochized or a dataset reference)."""
+    if not isinstance(node, dict):
+        raise ValueError(f"{where}: expected a mapping, got {node!r}")
+    if "join" in node:
+        raise ValueError(f"{where}: join metadatasets are not supported")
+    if "blend" in node or "blend_epochized" in node:
+        return _blend(node, yaml_path, split_part, subflavors, parent_subset, seen, where)
+    if "path" not in node:
+        raise ValueError(f"{where}: expected blend, blend_epochized or a dataset reference with path")
+    ref_path = node["path"]
+    if not isinstance(ref_path, str):
+        raise ValueError(f"{where}.path must be a string")
+    full = os.path.normpath(ref_path if os.path.isabs(ref_path) else os.path.join(os.path.dirname(yaml_path), ref_path))
+    own_sf = node.get("subflavors")
+    if own_sf is not None and not isinstance(own_sf, dict):
+        raise ValueError(f"{where}.subflavors must be a mapping")
+    sf = {**(own_sf or {}), **(subflavors or {})}  # Energon: what the including level sets wins
+    sp = node.get("split_part") or split_part
+    subset = merge_subset(node.get("subset"), parent_subset, where)
+    if os.path.isfile(full) and full.endswith(".yaml"):
+        return _split_of(full, sp, subflavors=sf, subset=subset, seen=seen)
+    if not is_energon_source(full):
+        raise ValueError(f"{where}: {full} is not an Energon-prepared dataset (no {MAIN_FOLDER}/; run "
+                         f"`energon prepare`) nor a metadataset .yaml")
+    return [{"path": full, "split_part": sp, "weight": None, "repetitions": None, "subset": subset,
+             "subflavors": sf, "shuffle_over_epochs_multiplier": node.get("shuffle_over_epochs_multiplier", 1),
+             "dataset_config": node.get("dataset_config"), "split_config": node.get("split_config")}], "none"
+
+
+def _blend(node, yaml_path, split_part, subflavors, parent_subset, seen, where) -> tuple[list[dict], str]:
+    """Leaves of a ``blend`` (weights normalised per level, multiplied down) or ``blend_epochized``
+    (repetitions multiplied down); the blend's own subset merges into every child's."""
+    epoch = "blend_epochized" in node
+    key, attr, mode = ("blend_epochized", "repetitions", "repetitions") if epoch else ("blend", "weight", "weight")
+    items = node[key]
+    if not isinstance(items, list) or not items:
+        raise ValueError(f"{where}.{key}: expected a non-empty list")
+    subset = merge_subset(node.get("subset"), parent_subset, where)
+    ws = []
+    for j, it in enumerate(items):
+        w = it.get(attr, 1) if isinstance(it, dict) else 1
+        if not isinstance(w, (int, float)) or isinstance(w, bool) or w < 0:
+            raise ValueError(f"{where}.{key}[{j}].{attr} must be a number >= 0, got {w!r}")
+        ws.append(w)
+    total = sum(ws)
+    if not epoch and total <= 0:
+        raise ValueError(f"{where}.blend: weights sum to 0")
+    leaves = []
+    for j, (it, w) in enumerate(zip(items, ws)):
+        inner, inner_mode = _node(it, yaml_path, split_part, subflavors, subset, seen, f"{where}.{key}[{j}]")
+        if inner_mode not in ("none", mode):
+            raise ValueError(f"{where}: cannot mix blend with blend_epochized")
+        for leaf in inner:
+            if epoch:
+                leaf["repetitions"] = w * (leaf["repetitions"] if inner_mode == mode else 1)
+            else:
+                leaf["weight"] = (leaf["weight"] if inner_mode == mode else 1.0) * w / total
+            leaves.append(leaf)
+    return leaves, mode

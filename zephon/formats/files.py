@@ -1,0 +1,132 @@
+"""JSONL and Parquet files as a ``Dataset``: one file = one shard, format by extension or forced.
+
+A source may mix both formats (a directory of .jsonl and .parquet files is one dataset). Opening counts
+the samples of every file (JSONL line index, Parquet footer), files in parallel.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from typing import Sequence
+
+from .base import MAX_OPEN_READERS, Dataset, ShardInfo
+from .discovery import EXTENSIONS, FORMATS, expand_source
+from .errors import DataError, DataWarning
+from .jsonl import JsonlReader
+from .parquet import ParquetReader
+
+READERS = {"jsonl": JsonlReader, "parquet": ParquetReader}
+_OPEN_THREADS = 8       # files indexed concurrently by open_files (numpy/zstd/zlib release the GIL)
+
+
+def open_reader(path: str, fmt: str, shard_id: int | None, columns: Sequence[str] | None, cache_dir: str | None):
+    """A reader of one file: ``READERS[fmt](path, ...)``.
+
+    path: the file. fmt: "jsonl" | "parquet". shard_id: for messages. columns: project records to these.
+    cache_dir: fallback location of JSONL index caches. Raises DataError naming the file for bad data or
+    an unreadable file.
+    """
+    try:
+        return READERS[fmt](path, shard=shard_id, columns=columns, cache_dir=cache_dir)
+    except OSError as e:
+        raise DataError(f"cannot read file: {e.strerror or e}", path=path, shard=shard_id) from e
+
+
+class FileDataset(Dataset):
+    """A ``Dataset`` of JSONL and/or Parquet files (``ShardInfo.format`` says which reader reads a shard)."""
+
+    def _make_reader(self, shard_id: int):
+        """A new reader of shard ``shard_id``; DataError when the file cannot be read or changed since opened."""
+        info = self.shards[shard_id]
+        r = open_reader(info.path, info.format, shard_id, self.columns, self.cache_dir)
+        size = os.stat(info.path).st_size
+        if r.num_samples != info.num_samples or size != info.size_bytes:
+            raise DataError(f"file changed since the dataset was opened (now {r.num_samples} samples, {size} bytes; "
+                            f"was {info.num_samples} samples, {info.size_bytes} bytes)", path=info.path, shard=shard_id)
+        return r
+
+
+def default_name(source, paths: list[str]) -> str:
+    """Dataset name for ``source``: a directory's name, a file's name without its extension, else the
+    name of the deepest directory common to ``paths`` (or "dataset")."""
+    if isinstance(source, (str, os.PathLike)):
+        s = os.path.normpath(os.fspath(source))
+        if os.path.isdir(s):
+            return os.path.basename(os.path.abspath(s))
+        if os.path.isfile(s):
+            base = os.path.basename(s)
+            for ext in sorted(EXTENSIONS, key=len, reverse=True):
+                if base.lower().endswith(ext):
+                    return base[: -len(ext)] or base
+            return base
+    common = os.path.commonpath([os.path.dirname(p) for p in paths])
+    return os.path.basename(common) or "dataset"
+
+
+def open_files(source, *, format: str | None = None, name: str | None = None,
+               columns: Sequence[str] | None = None, cache_dir: str | None = None,
+               on_error: str = "raise") -> FileDataset:
+    """Open JSONL and/or Parquet files as one Dataset, counting the samples of every file.
+
+    source: a directory (all supported files in it, recursively, sorted by relative path; hidden files
+        skipped), a glob pattern, a single file path, or a list of those (in list order).
+    format: "jsonl" | "parquet" | None (by extension: .jsonl/.json/.ndjson[.gz|.zst], .parquet/.pq).
+    name: dataset name (default: the directory or file name).
+    columns: required columns; records are projected to them. A JSONL record missing one raises
+        DataError at read time naming file, shard, sample and column; a Parquet file without one raises
+        at open time.
+    cache_dir: fallback location of JSONL index caches (see ``index_cache``).
+    on_error: "raise" | "skip" (see ``Dataset.read``).
+
+    Raises DataError: no files matched; unknown file type; truncated/corrupt .gz/.zst; unreadable
+    Parquet; missing Parquet column; an empty file (with on_error="skip" an empty file becomes a
+    shard of 0 samples and a DataWarning is issued instead). ValueError for bad arguments.
+    """
+    if format is not None and format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS} or None, not {format!r}")
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+    if isinstance(columns, str):
+        columns = [columns]
+    columns = tuple(columns) if columns is not None else None
+    files = expand_source(source, format)
+
+    def scan(item):
+        shard_id, (path, fmt) = item
+        st = os.stat(path)
+        reader = open_reader(path, fmt, shard_id, columns, cache_dir)
+        return ShardInfo(path, reader.num_samples, fmt, st.st_size, st.st_mtime_ns), reader
+
+    if len(files) == 1:
+        results = [scan((0, files[0]))]
+    else:
+        with ThreadPoolExecutor(min(_OPEN_THREADS, len(files))) as pool:
+            results = list(pool.map(scan, enumerate(files)))  # in order: the first bad shard is reported
+
+    shards = []
+    for shard_id, (info, _) in enumerate(results):
+        if info.num_samples == 0:
+            err = DataError("empty file (no samples)", path=info.path, shard=shard_id)
+            if on_error != "skip":
+                raise err
+            warnings.warn(f"{err}; skipped (on_error='skip'), it counts as a shard of 0 samples",
+                          DataWarning, stacklevel=3)
+        shards.append(info)
+    ds = FileDataset(name or default_name(source, [p for p, _ in files]), shards,
+                     columns=columns, on_error=on_error, cache_dir=cache_dir)
+    for shard_id, (_, reader) in enumerate(results[:MAX_OPEN_READERS]):
+        ds._remember(shard_id, reader)
+    return ds
+
+
+def open_jsonl(source, *, name: str | None = None, columns: Sequence[str] | None = None,
+               cache_dir: str | None = None, on_error: str = "raise") -> FileDataset:
+    """``open_files(source, format="jsonl", ...)``: every file of ``source`` read as JSON Lines."""
+    return open_files(source, format="jsonl", name=name, columns=columns, cache_dir=cache_dir, on_error=on_error)
+
+
+def open_parquet(source, *, name: str | None = None, columns: Sequence[str] | None = None,
+                 cache_dir: str | None = None, on_error: str = "raise") -> FileDataset:
+    """``open_files(source, format="parquet", ...)``: every file of ``source`` read as Parquet."""
+    return open_files(source, format="parquet", name=name, columns=columns, cache_dir=cache_dir, on_error=on_error)

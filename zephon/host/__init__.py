@@ -1,0 +1,17 @@
+"""What every host loader needs, once: a worker's share of a rank's lanes, reassembly of lane micro-batches
+in the consuming process with the consumed-state record, end-of-stream agreement across ranks, the
+rank's initial, partial and merged checkpoints, whole rank steps from workers that each compute a share of
+the lanes (``exchange``) and a side channel from workers to the main process (``channel``). Adapters
+(``adapters/zephon_*``) translate host keywords, sample shapes and state shapes onto ``RankSession``; see
+docs/concepts.md.
+"""
+from .agreement import StepAgreement, agreed_steps
+from .assembly import StepAssembly
+from .channel import Channel, private_dir
+from .exchange import StepExchange, exchange_steps, worker_steps
+from .progress import Progress, initial_state
+from .session import RankSession
+from .shares import worker_lanes
+
+__all__ = ["Channel", "Progress", "RankSession", "StepAgreement", "StepAssembly", "StepExchange", "agreed_steps",
+           "exchange_steps", "initial_state", "private_dir", "worker_lanes", "worker_steps"]

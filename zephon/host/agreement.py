@@ -1,0 +1,77 @@
+"""End-of-stream agreement: every rank stops at the same step of a finite stream.
+
+A finite pass (``exhaustion="stop"``) with ``drop_last`` ends where the first lane runs out, and lanes
+(hence ranks, and a rank's DataLoader workers) run out at different steps. A rank that stopped early
+would leave the others hanging in their next collective, and which samples are delivered would depend on
+the worker count. So each step is released only when every lane of the rank holds it complete and, under
+torch.distributed, every rank says the same (one ``all_reduce(MIN)`` per step on a gloo side group).
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+
+
+def _dist():
+    """``torch.distributed`` when a process group is up, else None (torch is never imported here)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist
+    return None
+
+
+class StepAgreement:
+    """One vote per step across the ranks of a job.
+
+    Args:
+        group: the ranks that agree (a torch.distributed group; None: the whole job). Without an
+            initialised process group only this process votes.
+    ``agree(complete) -> bool``: True when every rank's ``complete`` is True. A collective under
+    torch.distributed: every rank calls it once per step, in the same order (the side group is made on
+    the first call, itself a collective over ``group``'s ranks)."""
+
+    def __init__(self, group=None):
+        self.group = group
+        self._side = None
+
+    def agree(self, complete: bool) -> bool:
+        dist = _dist()
+        if dist is None or dist.get_world_size(self.group) <= 1:
+            return complete
+        import torch
+
+        if self._side is None:  # gloo: the vote moves on CPU whatever the main backend
+            if self.group is None:
+                self._side = dist.new_group(backend="gloo")
+            else:
+                self._side = dist.new_group(dist.get_process_group_ranks(self.group), backend="gloo",
+                                            use_local_synchronization=True)
+        flag = torch.tensor([1 if complete else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._side)
+        return bool(flag.item())
+
+
+def agreed_steps(groups, delivered: dict, rows_per_lane_step: int, agreement: StepAgreement, on_drop):
+    """Release ``groups`` (lists of ``(meta, payload)`` in rank order, ``meta["step"]`` non-decreasing)
+    step by step while every lane of the rank and every rank hold the step complete.
+
+    delivered: ``{lane: rows delivered}`` at the start (updated here); rows_per_lane_step: rows per lane per step;
+    on_drop(rows): called once with the rows of the first incomplete step and everything after it (what the
+    pass leaves out), then the stream ends on every rank at the same step."""
+    it = itertools.chain(groups, [None])
+    group = next(it)
+    while True:  # one round per step; the round after the last step tells the other ranks to stop
+        step, buffered = (None if group is None else group[0][0]["step"]), []
+        while group is not None and group[0][0]["step"] == step:
+            buffered.append(group)
+            group = next(it)
+        for g in buffered:
+            for meta, _ in g:
+                if meta.get("last", True):
+                    delivered[meta["lane"]] += meta["rows"]
+        complete = step is not None and all(n >= (step + 1) * rows_per_lane_step for n in delivered.values())
+        if not agreement.agree(complete):
+            rest = itertools.chain(buffered, [group], it)  # `it` ends with the None sentinel
+            on_drop(sum(m["rows"] for g in rest if g is not None for m, _ in g if m.get("last", True)))
+            return
+        yield from buffered

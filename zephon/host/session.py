@@ -1,0 +1,185 @@
+"""``RankSession``: one data-parallel rank of a host loader, on both sides of the host's worker processes.
+
+Worker side: a worker's share of the rank's lanes runs in its own ``Loader``, which starts from the state
+the rank last consumed and sends ``(meta, payload)`` items, one per lane micro-batch (or several, when a
+host hook turns one micro-batch into several batches). Consuming side: the items, in whatever order the
+host interleaves its workers, are put back into the rank's order (step, micro-batch, lane), a finite
+stream's end is agreed across lanes and ranks, and each lane's checkpoint entry is recorded as its last
+item is handed to the training loop. So the rank's checkpoint is exactly what was consumed, whatever the
+worker count and prefetch depth. Adapters translate host keywords and shapes onto this and nothing else.
+"""
+from __future__ import annotations
+
+from .. import checkpoint as ckpt
+from .agreement import StepAgreement, _dist, agreed_steps
+from .assembly import StepAssembly
+from .progress import Progress, initial_state
+from .shares import worker_lanes
+
+
+class RankSession:
+    """Host-loader plumbing for one rank.
+
+    Args:
+        make_loader: ``make_loader(lanes, runner, num_workers) -> zephon.Loader`` with ``emit_state=True``
+            and this rank's config; ``lanes`` None means the whole rank. Called once here for the
+            template (config, lanes, starting state; never iterated) and once per worker iteration.
+        agreement_group: the torch.distributed group whose ranks agree on a finite stream's end (None:
+            the whole job).
+        agree_end: False when the host itself stops every rank at the same step (a step count known in
+            advance, such as Mosaic's epoch length): ``groups`` then takes no per-step vote.
+    Attributes: ``loader`` (the template), ``dropped_rows`` (rows of a finite pass's incomplete tail, in
+    every worker and rank agreement). Picklable (host workers get a copy; the agreement is not sent).
+    Raises what ``Loader`` raises (``TopologyError``, ``ValueError``, ``CheckpointError``)."""
+
+    def __init__(self, make_loader, *, agreement_group=None, agree_end: bool = True):
+        self._make = make_loader
+        self._agree_end = agree_end
+        self.loader = make_loader(None, "inline", 1)
+        self.progress = Progress(self.loader)
+        self.dropped_rows = 0
+        self._agreement_group = agreement_group
+        self._agreement = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_agreement"] = state["_agreement_group"] = None  # process groups do not cross processes
+        return state
+
+    # -- config views ---------------------------------------------------------------------------
+    @property
+    def rank_lanes(self) -> list[int]:
+        return list(self.loader.rank_lanes)
+
+    @property
+    def finite_drop_last(self) -> bool:
+        """A finite pass whose incomplete last step is dropped: ranks must agree where it ends."""
+        return self.loader.source.exhaustion == "stop" and self.loader.batch.drop_last
+
+    # -- worker side ------------------------------------------------------------------------------
+    def worker_loader(self, num_workers: int = 0, worker_id: int = 0, runner="inline", workers: int = 1):
+        """A ``Loader`` over worker ``worker_id`` of ``num_workers``'s share of the rank's lanes (0 workers:
+        the whole rank), starting from the session's current state; None when the share is empty."""
+        lanes = None if num_workers == 0 else worker_lanes(self.rank_lanes, num_workers, worker_id)
+        if lanes == []:
+            return None
+        L = self._make(lanes, runner, workers)
+        L.restore(self.loader.checkpoint())
+        return L
+
+    def worker_items(self, num_workers: int = 0, worker_id: int = 0, *, finish=None, runner="inline",
+                     workers: int = 1):
+        """Iterate this worker's share and yield ``(meta, payload)``.
+
+        meta: ``lane``, ``step``, ``micro``, ``rows`` (rows of the lane micro-batch), ``state`` (its lane's
+        checkpoint entry once consumed), ``last`` (the micro-batch's final item), ``skip`` (an item that
+        only carries the state: ``finish`` returned nothing). payload: the micro-batch without its
+        bookkeeping keys, or each of ``finish(mb)``'s results. A finite stream's rows this worker dropped
+        end the stream as ``({"dropped_rows": n}, None)``."""
+        L = self.worker_loader(num_workers, worker_id, runner, workers)
+        if L is None:  # a worker with no share of the lanes ends at once (the host skips it)
+            return
+        try:
+            for mb in L:
+                meta = {"lane": mb.pop("__lane__"), "step": mb.pop("__step__"), "micro": mb.pop("__micro__"),
+                        "rows": mb.pop("__rows__"), "state": mb.pop("__state__")}
+                payloads = [mb] if finish is None else list(finish(mb))
+                if not payloads:
+                    yield dict(meta, last=True, skip=True), None
+                for k, p in enumerate(payloads):
+                    yield dict(meta, last=k == len(payloads) - 1, skip=False), p
+            if L.dropped_rows:
+                yield {"dropped_rows": L.dropped_rows}, None
+        finally:
+            L.close()
+
+    # -- consuming side ---------------------------------------------------------------------------
+    def begin(self) -> None:
+        """Before the host starts its workers: they continue from what was consumed."""
+        self.loader.restore(self.progress.checkpoint())
+
+    def groups(self, items):
+        """Workers' ``items`` (any interleaving) -> lists of ``(meta, payload)``, one per (step,
+        micro-batch), in lane order; a finite pass ends on the step every lane and rank completes. Records
+        nothing (see ``consumed``)."""
+        L = self.loader
+        start = self.progress.checkpoint()["lanes"]
+        asm = StepAssembly(L.rank_lanes, start, L.rows_per_lane_step, L.batch.micro_batch_size)
+
+        def ordered():
+            for meta, payload in items:
+                if "dropped_rows" in meta:  # a worker's lanes ended inside a step (drop_last)
+                    self.dropped_rows += meta["dropped_rows"]
+                    continue
+                yield from asm.add(meta["step"], meta["micro"], meta["lane"], (meta, payload), last=meta["last"])
+            yield from asm.finish()
+
+        if not (self.finite_drop_last and self._agree_end):
+            return ordered()
+        if self._agreement is None:
+            self._agreement = StepAgreement(self._agreement_group)
+        delivered = {e["lane"]: e["delivered_rows"] for e in start}
+        return agreed_steps(ordered(), delivered, L.rows_per_lane_step, self._agreement, self._count_dropped)
+
+    def _count_dropped(self, rows: int) -> None:
+        self.dropped_rows += rows
+
+    def consumed(self, items) -> None:
+        """Record the lane entries of ``(meta, payload)`` items now handed to the training loop."""
+        for meta, _ in items:
+            if meta.get("last"):
+                self.progress.record(meta["state"])
+
+    def ordered_groups(self, items):
+        """``groups(items)``, each recorded as consumed when it is handed out."""
+        for group in self.groups(items):
+            self.consumed(group)
+            yield group
+
+    def ordered_items(self, items):
+        """``groups(items)`` flattened to single ``(meta, payload)`` items, each recorded as consumed when it
+        is handed out; items that only carry a state (``skip``) are recorded and not handed out."""
+        for group in self.groups(items):
+            for item in group:
+                self.consumed([item])
+                if not item[0].get("skip"):
+                    yield item
+
+    # -- state --------------------------------------------------------------------------------------
+    def initial_state(self) -> dict:
+        """This rank's checkpoint before anything was delivered."""
+        return initial_state(self.loader)
+
+    def rank_state(self) -> dict:
+        """This rank's checkpoint as of the last item handed out: JSON data."""
+        return self.progress.checkpoint()
+
+    def global_state(self, **gather_kwargs) -> dict:
+        """Every rank's state merged (``checkpoint.gather_checkpoint``: a collective when torch.distributed
+        is initialised; ``aggregate_dir`` / ``run_id`` / ``timeout`` otherwise)."""
+        return ckpt.gather_checkpoint(self.rank_state(), **gather_kwargs)
+
+    def state(self) -> dict:
+        """Merged over ranks when a process group of more than one rank is up (a collective), else the rank's."""
+        dist = _dist()
+        if dist is not None and dist.get_world_size() > 1:
+            return self.global_state()
+        return self.rank_state()
+
+    def load(self, state) -> None:
+        """Continue from ``state``: a rank's or merged checkpoint, a list of rank checkpoints (merged here;
+        they must hold this rank's lanes), or None (the start). Validated now: ``CheckpointError`` says what
+        differs or which lanes are missing."""
+        if state is None:
+            state = self.initial_state()
+        elif isinstance(state, (list, tuple)):
+            states = [s for s in state if s is not None]
+            if not states:
+                raise ckpt.CheckpointError("no rank states given")
+            for s in states:
+                if not isinstance(s, dict):
+                    raise ckpt.CheckpointError(f"not a Zephon rank state: {type(s).__name__}")
+            state = states[0] if len(states) == 1 else ckpt.merge_states(states, complete=False)
+        self.loader.restore(state)
+        self.progress.reset()
+        self.dropped_rows = 0
