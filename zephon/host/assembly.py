@@ -8,6 +8,8 @@ to the earliest open (step, micro) has delivered it.
 """
 from __future__ import annotations
 
+from ..checkpoint import LaneCursor
+
 
 class StepAssembly:
     """Reorder a rank's lane items into (step, micro-batch, lane) order.
@@ -24,8 +26,9 @@ class StepAssembly:
 
     def __init__(self, lanes, entries, rows_per_lane_step: int, micro_batch_size: int):
         self.lanes = list(lanes)
-        rps, m = rows_per_lane_step, micro_batch_size
-        self.next_pos = {e["lane"]: (e["delivered_rows"] // rps, (e["delivered_rows"] % rps) // m) for e in entries}
+        self.next_pos = {e["lane"]: LaneCursor(e["lane"], delivered_rows=e["delivered_rows"]).position(
+                             rows_per_lane_step, micro_batch_size)
+                         for e in entries}
         self.open: dict[tuple, list] = {}
         self.done: dict[tuple, dict] = {}
 
