@@ -137,3 +137,17 @@ def test_text_only_pipeline_through_zephon_torch(text_dir):
         want = want or got
         assert got == want
         assert dl.state_dict()["lanes"]
+
+
+@pytest.mark.parametrize("field,value", [("step", 5), ("canonical_replicas", 8), ("rows_per_lane_step", 3),
+                                         ("config", "seed")])
+def test_edited_fields_outside_the_lane_entries_are_refused(text_dir, field, value):
+    s = _session(text_dir)
+    next(iter(s.ordered_groups(s.worker_items(0, 0))))
+    state = json.loads(json.dumps(s.rank_state()))
+    if field == "config":
+        state["config"]["work"]["seed"] += 1  # the fingerprint still matches: only the summary was edited
+    else:
+        state[field] = value
+    with pytest.raises(CheckpointError, match="edited"):
+        _session(text_dir).load(state)

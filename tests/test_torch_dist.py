@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchdata")
 
 from helpers import reference_digests  # noqa: E402
-from torch_jobs import loader_job, small_corpus, spawn, titan_job  # noqa: E402
+from torch_jobs import loader_job, small_corpus, spawn, titan_job, uneven_tail_job  # noqa: E402
 
 STEPS, K = 7, 3
 
@@ -58,6 +58,23 @@ def test_finite_stream_every_rank_stops_at_the_same_step(corpus, tokenizer_path,
     out = spawn(loader_job, 2, str(tmp_path), dict(dirs=small, tok=tokenizer_path, micro_batch=1, num_workers=2,
                                                    stop=10_000, exhaustion="stop"))
     assert out["digests"] == ref
+
+
+@pytest.mark.contract("torch.finite")
+def test_finite_pass_without_drop_last_gives_every_rank_the_same_steps(tmp_path):
+    """drop_last=False, ranks holding different row counts (1000 rows, 4 lanes of 16-row chunks): in a loop
+    with a collective per batch no rank is left waiting, every rank runs the same number of batches, and every
+    input row is delivered once or counted in dropped_rows (the oracle: the rows the test wrote)."""
+    n = 1000
+    d = tmp_path / "text"
+    d.mkdir()
+    (d / "rows.jsonl").write_text("".join(f'{{"text": "row {i}"}}\n' for i in range(n)))
+    for nw in (0, 2):
+        per_rank = spawn(uneven_tail_job, 2, str(tmp_path), dict(dir=str(d), chunk_size=16, num_workers=nw))
+        assert per_rank[0]["batches"] == per_rank[1]["batches"], nw
+        delivered = [t for r in per_rank for t in r["texts"]]
+        assert len(delivered) == len(set(delivered)) and set(delivered) <= {f"row {i}" for i in range(n)}
+        assert len(delivered) + sum(r["dropped_rows"] for r in per_rank) == n, nw
 
 
 @pytest.mark.contract("torchtitan.dcp_resume")

@@ -124,6 +124,37 @@ def loader_job(rank, world, init_file, spec):
     _leave()
 
 
+def uneven_tail_job(rank, world, init_file, spec):
+    """One rank of a finite text pass with ``drop_last=False`` whose ranks hold different row counts, in a
+    DDP-shaped loop (an ``all_reduce`` after every batch, with a short process-group timeout so a rank
+    left waiting fails the test instead of hanging it). Rank 0 writes every rank's batch count, texts and
+    ``dropped_rows`` to ``spec["out"]``."""
+    from datetime import timedelta
+
+    import zephon_torch
+    from zephon import Batch, Decode, open_dataset
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    ds = zephon_torch.ZephonIterableDataset(
+        [open_dataset(spec["dir"])], [Decode("text"), Batch(1, drop_last=False)], dp_degree=world, dp_rank=rank,
+        canonical_replicas=4, global_batch_size=8, chunk_size=spec["chunk_size"], exhaustion="stop", seed=0)
+    dl = zephon_torch.DataLoader(ds, num_workers=spec["num_workers"])
+    batches, texts = 0, []
+    for mb in dl:
+        batches += 1
+        texts.extend(mb["text"])
+        dist.all_reduce(torch.ones(1))  # what DDP does every step
+    mine = {"batches": batches, "texts": texts, "dropped_rows": dl.dropped_rows}
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object(mine, gathered, dst=0)
+    if rank == 0:
+        with open(spec["out"], "w") as fh:
+            json.dump(gathered, fh)
+    del dl
+    _leave()
+
+
 # -- a TorchTitan-shaped loop --------------------------------------------------------------------------
 class TinyLM(torch.nn.Module):
     def __init__(self, vocab=1000, dim=16):

@@ -138,6 +138,7 @@ def validate(state, fingerprint: str, summary: dict, lanes=None) -> dict:
     lanes_list = state.get("lanes")
     if not isinstance(lanes_list, list) or state.get("lanes_sha256") != digest(lanes_list):
         raise CheckpointError("checkpoint lane entries were altered or truncated (lanes_sha256 does not match)")
+    _check_derived(state, summary, lanes_list)
     by_lane = {}
     for entry in lanes_list:
         LaneCursor.from_dict(entry)
@@ -150,6 +151,28 @@ def validate(state, fingerprint: str, summary: dict, lanes=None) -> dict:
             raise CheckpointError(f"checkpoint lacks lanes {missing} (it has {len(by_lane)} lanes: "
                                   f"{lane_ranges(sorted(by_lane))}); merge every rank's state before restoring")
     return by_lane
+
+
+def _check_derived(state: dict, summary: dict, lanes_list: list) -> None:
+    """The fields outside the lane entries repeat what the config and the lanes say: an edited copy is
+    refused instead of being read by whoever trusts, say, ``step``."""
+    summary = json.loads(canonical_json(summary))  # as it reads back from JSON (tuples become lists)
+    if state.get("config") != summary:
+        diffs = config_diff(summary, state.get("config", {}))
+        raise CheckpointError("checkpoint config summary was edited (the fingerprint matches this loader, the "
+                              "summary does not): " + ("; ".join(diffs) or "structure differs"))
+    r = (summary.get("work") or {}).get("canonical_replicas")
+    gbs = summary.get("global_batch_size")
+    expected = {"canonical_replicas": r}
+    if isinstance(r, int) and isinstance(gbs, int) and r > 0:
+        rps = gbs // r
+        expected["rows_per_lane_step"] = rps
+        if all(isinstance(e, dict) and type(e.get("delivered_rows")) is int for e in lanes_list):
+            expected["step"] = min((e["delivered_rows"] // rps for e in lanes_list), default=0)
+    for key, value in expected.items():
+        if value is not None and state.get(key) != value:
+            raise CheckpointError(f"checkpoint field {key!r} is {state.get(key)!r} but its config and lane entries "
+                                  f"say {value!r}: the file was edited or truncated")
 
 
 def initial_lanes(lanes) -> list[dict]:

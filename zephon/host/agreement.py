@@ -5,6 +5,10 @@ A finite pass (``exhaustion="stop"``) with ``drop_last`` ends where the first la
 would leave the others hanging in their next collective, and which samples are delivered would depend on
 the worker count. So each step is released only when every lane of the rank holds it complete and, under
 torch.distributed, every rank says the same (one ``all_reduce(MIN)`` per step on a gloo side group).
+Without ``drop_last`` a rank's last steps may be short, but under torch.distributed every rank must still
+hold a step for it to be released: the ranks stop together at the first step some rank has no row of, and
+what the others hold from there on is counted and reported (a step padded on the ranks that ran out is not
+built yet), never left to hang a collective.
 """
 from __future__ import annotations
 
@@ -51,13 +55,15 @@ class StepAgreement:
         return bool(flag.item())
 
 
-def agreed_steps(groups, delivered: dict, rows_per_lane_step: int, agreement: StepAgreement, on_drop):
+def agreed_steps(groups, delivered: dict, rows_per_lane_step: int, agreement: StepAgreement, on_drop,
+                 whole_steps: bool = True):
     """Release ``groups`` (lists of ``(meta, payload)`` in rank order, ``meta["step"]`` non-decreasing)
-    step by step while every lane of the rank and every rank hold the step complete.
+    step by step while every rank holds the step: complete in every lane (``whole_steps``, drop_last) or
+    with at least one row (short last steps allowed).
 
-    delivered: ``{lane: rows delivered}`` at the start (updated here); rows_per_lane_step: rows per lane per step;
-    on_drop(rows): called once with the rows of the first incomplete step and everything after it (what the
-    pass leaves out), then the stream ends on every rank at the same step."""
+    delivered: ``{lane: rows delivered}`` at the start (updated here); rows_per_lane_step: rows per lane per
+    step; on_drop(rows): called once with the rows of the first step not released and everything after it
+    (what the pass leaves out; 0 when nothing is left), then the stream ends on every rank at the same step."""
     it = itertools.chain(groups, [None])
     group = next(it)
     while True:  # one round per step; the round after the last step tells the other ranks to stop
@@ -69,7 +75,8 @@ def agreed_steps(groups, delivered: dict, rows_per_lane_step: int, agreement: St
             for meta, _ in g:
                 if meta.get("last", True):
                     delivered[meta["lane"]] += meta["rows"]
-        complete = step is not None and all(n >= (step + 1) * rows_per_lane_step for n in delivered.values())
+        complete = step is not None and (not whole_steps or all(n >= (step + 1) * rows_per_lane_step
+                                                                for n in delivered.values()))
         if not agreement.agree(complete):
             rest = itertools.chain(buffered, [group], it)  # `it` ends with the None sentinel
             on_drop(sum(m["rows"] for g in rest if g is not None for m, _ in g if m.get("last", True)))

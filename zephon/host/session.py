@@ -10,11 +10,15 @@ worker count and prefetch depth. Adapters translate host keywords and shapes ont
 """
 from __future__ import annotations
 
+import logging
+
 from .. import checkpoint as ckpt
 from .agreement import StepAgreement, _dist, agreed_steps
 from .assembly import StepAssembly
 from .progress import Progress, initial_state
 from .shares import worker_lanes
+
+log = logging.getLogger("zephon")
 
 
 class RankSession:
@@ -114,15 +118,29 @@ class RankSession:
                 yield from asm.add(meta["step"], meta["micro"], meta["lane"], (meta, payload), last=meta["last"])
             yield from asm.finish()
 
-        if not (self.finite_drop_last and self._agree_end):
+        finite = L.source.exhaustion == "stop" and self._agree_end
+        dist = _dist()
+        if not finite or not (L.batch.drop_last or (dist is not None and dist.get_world_size() > 1)):
             return ordered()
         if self._agreement is None:
             self._agreement = StepAgreement(self._agreement_group)
         delivered = {e["lane"]: e["delivered_rows"] for e in start}
-        return agreed_steps(ordered(), delivered, L.rows_per_lane_step, self._agreement, self._count_dropped)
+        on_drop = self._count_dropped if L.batch.drop_last else self._count_uneven_tail
+        return agreed_steps(ordered(), delivered, L.rows_per_lane_step, self._agreement, on_drop,
+                            whole_steps=L.batch.drop_last)
 
     def _count_dropped(self, rows: int) -> None:
         self.dropped_rows += rows
+
+    def _count_uneven_tail(self, rows: int) -> None:
+        """drop_last=False under torch.distributed: the ranks stopped at the first step some rank had no
+        row of. Rows this rank still held are counted and reported, not silently lost."""
+        self.dropped_rows += rows
+        if rows:
+            log.warning("finite pass with drop_last=False: another rank ran out of rows before this one, so every "
+                        "rank stopped at the same step (a collective would hang otherwise); %d rows of this rank "
+                        "were not delivered (counted in dropped_rows). drop_last=True ends every rank at its first "
+                        "incomplete step by design", rows)
 
     def consumed(self, items) -> None:
         """Record the lane entries of ``(meta, payload)`` items now handed to the training loop."""
