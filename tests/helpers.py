@@ -50,7 +50,7 @@ def run_steps(loaders, steps, hasher):
     iters = [iter(L) for L in loaders]
     for _ in range(steps):
         for L, it in zip(loaders, iters):
-            for _ in range(len(L.lanes) * (L.rows_per_step // L.batch.micro_batch_size)):
+            for _ in range(len(L.lanes) * (L.rows_per_lane_step // L.batch.micro_batch_size)):
                 hasher.add(next(it))
     for it in iters:
         it.close()

@@ -78,7 +78,7 @@ class MosaicState:
             return self._state(e, c * gbs, claim["start"])
         entries = self._channel.entries(e, c - 1, self.state_timeout)
         L = self._loader(e)
-        rank_state = ckpt.make_state(L.fingerprint, L.summary, L.canonical_replicas, L.rows_per_step, entries)
+        rank_state = ckpt.make_state(L.fingerprint, L.summary, L.canonical_replicas, L.rows_per_lane_step, entries)
         return self._state(e, c * gbs, self._gather(rank_state, f"e{e}-s{c}"))
 
     def _state(self, epoch: int, sample_in_epoch: int, loader_state) -> dict:
@@ -94,7 +94,8 @@ class MosaicState:
             return ckpt.merge_states([rank_state])
         if self.rank % (self.replication or 1):
             # a replica holds the same lanes as the first rank of its group, which contributes them
-            rank_state = dict(rank_state, lanes=[], lanes_sha256=ckpt.digest([]))
+            rank_state = ckpt.make_state(rank_state["fingerprint"], rank_state["config"],
+                                         rank_state["canonical_replicas"], rank_state["rows_per_lane_step"], [])
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():

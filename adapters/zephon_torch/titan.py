@@ -124,7 +124,7 @@ class ZephonTextDataLoader(_Base):
         big = (1 << 62) - 1
         entries = [{k: (lane if k == "lane" else big) for k in ckpt.LANE_KEYS} for lane in range(L.canonical_replicas)]
         n = len(ckpt.canonical_json(ckpt.make_state(L.fingerprint, L.summary, L.canonical_replicas,
-                                                    L.rows_per_step, entries)))
+                                                    L.rows_per_lane_step, entries)))
         cap = 1 << 16
         while cap < n:
             cap <<= 1

@@ -41,7 +41,7 @@ ACTIVE = ("busy", "idle")
 
 def start_steps(session) -> dict:
     """``{lane: first step it still owes}`` for a ``RankSession``'s starting state (what worker loaders restore)."""
-    rps = session.loader.rows_per_step
+    rps = session.loader.rows_per_lane_step
     return {e["lane"]: e["delivered_rows"] // rps for e in session.loader.checkpoint()["lanes"]}
 
 
@@ -66,7 +66,7 @@ def worker_steps(session, num_workers: int, worker_id: int, end_step: int, **ite
     starts = start_steps(session)
     first = min(starts.values())
     mine = L.rank_lanes if num_workers == 0 else worker_lanes(L.rank_lanes, num_workers, worker_id)
-    last_micro = L.rows_per_step // L.batch.micro_batch_size - 1
+    last_micro = L.rows_per_lane_step // L.batch.micro_batch_size - 1
     items = session.worker_items(num_workers, worker_id, **item_kwargs)
     try:
         for k in range(first, end_step):
