@@ -64,7 +64,9 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="quarter corpus, 1 repetition, fewer steps (< 3 min)")
-    ap.add_argument("--only", default="1,2,3,4,5,6", help="comparisons to run (default: all)")
+    ap.add_argument("--only", default="1,2,3,4,5,6",
+                    help="comparisons to run (default: all); `loss`: the loss-curve experiment (benchmarks/loss); "
+                         "`packing` / `restore`: padding and restore-cost tables (benchmarks/packing.py, restore.py)")
     ap.add_argument("--repeats", type=int, default=None, help="repetitions (default 3; 1 with --quick)")
     ap.add_argument("--workdir", default=default_workdir(), help="corpus + prepared formats (default %(default)s)")
     ap.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md and docs/img/")
@@ -73,6 +75,15 @@ def main(argv=None) -> int:
     ap.add_argument("--from-results", default=None, metavar="JSON",
                     help="render (print, and write docs unless --no-write) a saved --results file; run nothing")
     args = ap.parse_args(argv)
+    if args.only.strip() == "loss":  # benchmarks/loss: its own runs, tables and doc (docs/loss-curves.md)
+        from .loss.run import main as loss_main
+        return loss_main(quick=args.quick, write=not args.no_write and (not args.quick or args.write),
+                         results=args.results, from_results=args.from_results, workdir=args.workdir)
+    if args.only.strip() in ("packing", "restore", "remote"):  # their own tables (packing.py, restore.py, remote.py)
+        import importlib
+
+        importlib.import_module(f".{args.only.strip()}", __package__).main(args.workdir, args.quick)
+        return 0
     if args.from_results:
         R = json.loads(Path(args.from_results).read_text())
         md, plots = report.render(R, img_dir=REPO / "docs" / "img", write_plots=not args.no_write)

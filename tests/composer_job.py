@@ -171,7 +171,7 @@ def run(data: str, *, batch_size: int, max_duration: str, num_workers: int = 0, 
     ts = trainer.state.timestamp
     digest, values = weights_of(trainer.state.model)
     out = {"rank": ds.rank, "world_size": ds.world_size, "len": len(ds), "dataloader_len": len(dl),
-           "steps_per_epoch": ds.steps_per_epoch, "dropped_per_epoch": ds.dropped_per_epoch,
+           "steps_per_epoch": ds.steps_per_epoch, "repeated_per_epoch": ds.repeated_per_epoch,
            "num_canonical_nodes": ds.num_canonical_nodes, "global_batch_size": ds.global_batch_size,
            "steps": rec.steps, "calls": ds.calls, "weights": digest, "weight_values": values,
            "dataset_resumption": dict(trainer.state.dataset_resumption),

@@ -73,3 +73,28 @@ def tokenizer_path(tmp_path_factory, stdlib_texts):
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     tok.save(str(path))
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on 127.0.0.1 (a free port) for the remote tests (tests/s3_server.py); stopped at the end."""
+    from s3_server import S3Server
+    srv = S3Server.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch, tmp_path):
+    """A reset ``s3_server`` with bucket ``s3_server.BUCKET``, this process's endpoint (``S3_ENDPOINT_URL``) and
+    test credentials in the environment, and ``ZEPHON_CACHE_DIR`` under ``tmp_path``."""
+    from s3_server import BUCKET, CREDENTIALS
+    s3_server.reset()
+    for k, v in CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("S3_ENDPOINT_URL", s3_server.endpoint)
+    monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "zephon-cache"))
+    s3_server.client().create_bucket(Bucket=BUCKET)
+    return s3_server

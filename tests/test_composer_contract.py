@@ -21,6 +21,7 @@ the ranks' batches in rank order (each rank owns a contiguous block of lanes), h
 from __future__ import annotations
 
 import json
+from collections import Counter
 import os
 import signal
 import socket
@@ -38,7 +39,7 @@ import torch  # noqa: E402
 
 import composer_job as job  # noqa: E402
 
-N = 150            # samples: a one-pass epoch of 8 lanes drops a few (dropped_per_epoch), 18 steps of 8
+N = 150            # samples: a one-pass epoch is filled to 19 steps of 8 with 2 repeats (repeated_per_epoch)
 GBS = 8            # global batch; num_canonical_nodes defaults to it (8 lanes)
 JOB = Path(__file__).with_name("composer_job.py")
 LAUNCH_TIMEOUT = 240
@@ -105,11 +106,12 @@ def test_trainer_trains_on_every_row_of_the_dataset(data, S, plain_run):
         assert len(s["ids"]) == GBS
         assert s["tokens"] == [job.tokens_of(i).tolist() for i in s["ids"]], "a batch row is not its sample"
     # each epoch: every sample once, except the documented one-pass drop (at most lanes x chunk + global batch)
-    dropped = r["dropped_per_epoch"]
-    assert r["len"] == S * GBS == N - dropped and 0 <= dropped <= r["num_canonical_nodes"] * job.CHUNK + GBS
+    fill = r["repeated_per_epoch"]
+    assert r["len"] == S * GBS == N + fill and 0 <= fill < GBS
     epochs = [[i for s in steps if s["epoch"] == e for i in s["ids"]] for e in range(2)]
     for ids in epochs:
-        assert len(ids) == len(set(ids)) == N - dropped and set(ids) <= set(range(N))
+        assert len(ids) == N + fill and set(ids) == set(range(N))
+        assert sorted(Counter(ids).values()) == [1] * (N - fill) + [2] * fill
     assert epochs[0] != epochs[1], "each epoch is reshuffled"
     # Composer's batches are exactly the dataset's own order, epoch after epoch (outside any Trainer)
     ds = job.make_dataset(data, GBS)

@@ -220,24 +220,26 @@ def test_file_changed_under_a_running_loader_is_reported(tmp_path, texts, tokeni
         _drain(L)
 
 
-def test_finite_pass_with_lanes_that_get_no_sample_is_refused(corpus, tokenizer_path):
-    """900 samples (3 shards x 300) in chunks of 256 over 8 lanes: 3 x 256 + 132, so lanes 4-7 would get
-    nothing and no step could complete."""
-    from helpers import make_loader
+def test_finite_pass_with_lanes_that_get_no_sample_is_refused(tmp_path):
+    """5 samples over 8 lanes with drop_last: 3 lanes would get nothing and no step could complete; the message
+    says how many and what to change."""
+    from zephon import Batch, Decode, Loader, open_dataset
 
-    with pytest.raises(ValueError, match=r"4 of 8 lanes get no sample.*chunk_size <= \d+"):
-        make_loader([corpus["docs_jsonl"]], tokenizer_path, exhaustion="stop", chunk_size=256,
-                    flush_every_k_chunks=1)
+    (tmp_path / "few.jsonl").write_text("".join(f'{{"text": "t{i}"}}\n' for i in range(5)))
+    with pytest.raises(ValueError, match=r"5 samples over canonical_replicas=8 lanes leaves 3 lanes without"):
+        Loader([open_dataset(str(tmp_path))], [Decode(), Batch(1)], canonical_replicas=8, exhaustion="stop")
+    Loader([open_dataset(str(tmp_path))], [Decode(), Batch(1, drop_last=False)], canonical_replicas=8,
+           exhaustion="stop")  # without drop_last the padding fills those lanes: accepted
 
 
-def test_finite_pass_with_unbalanced_lanes_warns_about_the_share_dropped(corpus, tokenizer_path, caplog):
+def test_finite_pass_gives_every_lane_its_share_whatever_the_chunk_size(corpus, tokenizer_path, caplog):
+    """900 samples in chunks of 256 over 8 lanes used to leave lanes 4-7 empty (whole chunks); the last round is
+    now split evenly: every lane holds 112 or 113 samples, and nothing warns of a lane-dependent drop."""
     from helpers import make_loader
 
     with caplog.at_level("WARNING", logger="zephon"):
-        make_loader([corpus["docs_jsonl"]], tokenizer_path, exhaustion="stop", chunk_size=100,
-                    flush_every_k_chunks=1)
-    assert any("will be dropped" in r.getMessage() and "chunk_size <=" in r.getMessage() for r in caplog.records)
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="zephon"):
-        make_loader([corpus["docs_jsonl"]], tokenizer_path, exhaustion="stop", chunk_size=8)
-    assert not any("will be dropped" in r.getMessage() for r in caplog.records)
+        L = make_loader([corpus["docs_jsonl"]], tokenizer_path, exhaustion="stop", chunk_size=256,
+                        flush_every_k_chunks=1)
+    assert sorted({L.source.lane_positions(lane) for lane in range(8)}) == [112, 113]
+    assert sum(L.source.lane_positions(lane) for lane in range(8)) == 900
+    assert not any("dropped" in r.getMessage() for r in caplog.records)

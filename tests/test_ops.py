@@ -215,8 +215,19 @@ def naive_pack(lengths, cap, method, max_open):
             v = min(open_bins, key=lambda b: (b[2], b[0]))
             open_bins.remove(v)
             out.append((step, v[1]))
-    for b in sorted(open_bins, key=lambda b: b[0]):
-        out.append((len(lengths), b[1]))
+    # the final flush re-packs what is open: longest first (ties in bin then arrival order), first fit
+    left = [d for b in sorted(open_bins, key=lambda b: b[0]) for d in b[1]]
+    left = sorted(left, key=lambda d: -lengths[d])
+    rebins = []  # [docs, used]
+    for d in left:
+        for b in rebins:
+            if b[1] + lengths[d] <= cap:
+                b[0].append(d)
+                b[1] += lengths[d]
+                break
+        else:
+            rebins.append([[d], lengths[d]])
+    out.extend((len(lengths), b[0]) for b in rebins)
     return out
 
 
@@ -276,6 +287,36 @@ def test_pack_matches_naive_and_rows_are_valid(data, cap, max_open, method):
     assert [r["input_ids"].tolist() for _, r in again] == [r["input_ids"].tolist() for _, r in got]
 
 
+@FAST
+@given(st.data(), st.integers(1, 40), st.integers(1, 4), st.integers(0, 6), st.sampled_from(["best_fit", "first_fit"]))
+def test_pack_carry_then_resume_continues_as_if_uninterrupted(data, cap, max_open, max_carry, method):
+    """A sentinel that carries (``carry``) and a fresh accumulator ``resume``d from the carried documents give
+    the rows an accumulator that carried and kept going gives; at most ``max_carry`` documents are carried;
+    nothing is lost or doubled. The oracle for "kept going" is the same accumulator, not rebuilt."""
+    lengths = data.draw(st.lists(st.integers(1, cap), max_size=50), label="lengths")
+    cut = data.draw(st.integers(0, len(lengths)), label="sentinel")
+    op = Pack(max_length=cap, method=method, max_open_bins=max_open, max_carry=max_carry)
+
+    def docs_of(rows):
+        return [[p for p, _ in r["__src__"]] for r in rows]
+
+    a = op.new_accumulator(0)
+    head = [r for i in range(cut) for r in a.push(doc_record(i, lengths[i]))]
+    emitted, held = a.carry()
+    assert sum(len(b) for b in held) <= max_carry
+    b = op.new_accumulator(0)
+    b.resume([[doc_record(d["__src__"][3], lengths[d["__src__"][3]]) for d in bin_] for bin_ in held])
+    tails = []
+    for acc in (a, b):
+        tails.append([r for i in range(cut, len(lengths)) for r in acc.push(doc_record(i, lengths[i]))]
+                     + acc.flush())
+    assert docs_of(tails[0]) == docs_of(tails[1])
+    for r in head + emitted + tails[1]:
+        check_row(r, lengths, cap)
+    everything = [d for docs in docs_of(head + emitted + tails[1]) for d in docs]
+    assert sorted(everything) == list(range(len(lengths)))
+
+
 def test_pack_custom_pad_and_label_pad():
     lengths = [3, 5, 2, 7, 1, 4]
     op = Pack(max_length=8, method="best_fit", max_open_bins=2, pad_id=5, label_pad=-1)
@@ -290,10 +331,11 @@ def test_pack_handcrafted_best_vs_first_fit():
     lengths = [6, 5, 3, 4, 2]
     best = run_pack(Pack(10, "best_fit", 8).new_accumulator(0), lengths)
     first = run_pack(Pack(10, "first_fit", 8).new_accumulator(0), lengths)
-    # best fit: 6->b0(4), 5->b1(5), 3->b0(1), 4->b1(1), 2->b2(8); flush b0, b1, b2
-    assert [[p for p, _ in r["__src__"]] for _, r in best] == [[0, 2], [1, 3], [4]]
-    # first fit: 6->b0(4), 5->b1(5), 3->b0(1), 4->b1(1), 2->b2
-    assert [[p for p, _ in r["__src__"]] for _, r in first] == [[0, 2], [1, 3], [4]]
+    # best fit: 6->b0(4), 5->b1(5), 3->b0(1), 4->b1(1), 2->b2(8); the flush re-packs 6,5,4,3,2 (docs 0,1,3,2,4)
+    # longest first: 6 -> A, 5 -> B, 4 -> A (full), 3 -> B, 2 -> B (full): two rows where three bins were open
+    assert [[p for p, _ in r["__src__"]] for _, r in best] == [[0, 3], [1, 2, 4]]
+    # first fit: 6->b0(4), 5->b1(5), 3->b0(1), 4->b1(1), 2->b2; the same re-pack
+    assert [[p for p, _ in r["__src__"]] for _, r in first] == [[0, 3], [1, 2, 4]]
     lengths = [5, 6, 4, 4]
     # best: 5->b0(5), 6->b1(4), 4->b1 (room 4 < 5) full -> emitted at step 2, 4->b0(1)
     best = run_pack(Pack(10, "best_fit", 8).new_accumulator(0), lengths)

@@ -120,7 +120,7 @@ def core_batches(data, steps):
     """The first epoch of an unshuffled dataset from the core Loader alone: step k = its lanes' micro-batches in
     lane order."""
     L = Loader([open_dataset(os.path.join(data, "train"))], [Batch(GBS // LANES, drop_last=True)], seed=17,
-               canonical_replicas=LANES, chunk_size=CHUNK, global_batch_size=GBS, shuffle=False, exhaustion="stop",
+               canonical_replicas=LANES, chunk_size=CHUNK, global_batch_size=GBS, shuffle=False, exhaustion="fill",
                runner="inline")
     by_step: dict[int, list] = {}
     for mb in L:

@@ -62,19 +62,27 @@ def test_finite_stream_every_rank_stops_at_the_same_step(corpus, tokenizer_path,
 
 @pytest.mark.contract("torch.finite")
 def test_finite_pass_without_drop_last_gives_every_rank_the_same_steps(tmp_path):
-    """drop_last=False, ranks holding different row counts (1000 rows, 4 lanes of 16-row chunks): in a loop
-    with a collective per batch no rank is left waiting, every rank runs the same number of batches, and every
-    input row is delivered once or counted in dropped_rows (the oracle: the rows the test wrote)."""
+    """drop_last=False, ranks holding different row counts (1000 rows, about 30% filtered out, 4 lanes of
+    16-row chunks): in a loop with a collective per batch no rank is left waiting, every rank runs the same
+    number of full batches (padding rows where a rank ran out), and every kept input row is delivered exactly
+    once, none dropped (the oracle: the rows the test wrote and its own count of the filter)."""
+    from torch_jobs import keep_row
+
     n = 1000
     d = tmp_path / "text"
     d.mkdir()
     (d / "rows.jsonl").write_text("".join(f'{{"text": "row {i}"}}\n' for i in range(n)))
+    kept = {f"row {i}" for i in range(n) if keep_row({"text": f"row {i}"})}
+    assert 600 < len(kept) < 800
     for nw in (0, 2):
         per_rank = spawn(uneven_tail_job, 2, str(tmp_path), dict(dir=str(d), chunk_size=16, num_workers=nw))
         assert per_rank[0]["batches"] == per_rank[1]["batches"], nw
+        assert all(r["rows"] == [2] for r in per_rank), nw  # 2 lanes x 1 row in every batch, padded or not
         delivered = [t for r in per_rank for t in r["texts"]]
-        assert len(delivered) == len(set(delivered)) and set(delivered) <= {f"row {i}" for i in range(n)}
-        assert len(delivered) + sum(r["dropped_rows"] for r in per_rank) == n, nw
+        assert len(delivered) == len(set(delivered)) and set(delivered) == kept, nw
+        assert all(r["dropped_rows"] == 0 for r in per_rank), nw
+        # every batch holds 2 rows on each of the 2 ranks: what is not a kept row is padding
+        assert sum(r["padding"] for r in per_rank) == 2 * 2 * per_rank[0]["batches"] - len(kept) > 0, nw
 
 
 @pytest.mark.contract("torchtitan.dcp_resume")

@@ -397,13 +397,28 @@ def test_chunks_are_slices_of_global_stream(R, chunk_size, exhaustion):
         assert all(cnt[d] <= sizes[d] for d in range(3))
         assert all(e == 0 for *_, e in stream)
         assert any(cnt[d] == sizes[d] for d in range(3))
-    # chunk(lane, c) is exactly the slice [g*cs, (g+1)*cs) of the global stream, g = c*R + lane
+    # chunk(lane, c) is exactly the slice [g*cs, (g+1)*cs) of the global stream, g = c*R + lane; a finite
+    # stream's last round (fewer than R*cs positions) is cut into R consecutive pieces, sizes within one
+    full = T // (chunk_size * R) if exhaustion == "stop" else 10**9
     for lane in range(R):
         for c in range(-(-T // (chunk_size * R)) + (exhaustion == "stop")):
             g = c * R + lane
-            assert as_tuples(src.chunk(lane, c)) == stream[g * chunk_size:(g + 1) * chunk_size]
+            if c < full:
+                want = stream[g * chunk_size:(g + 1) * chunk_size]
+            elif c == full:
+                rest = stream[full * chunk_size * R:]
+                cuts = [len(rest) * k // R for k in range(R + 1)]  # even cuts, computed another way
+                sizes = sorted((cuts[k + 1] - cuts[k] for k in range(R)), reverse=True)  # larger pieces first
+                start = sum(sizes[:lane])
+                want = rest[start:start + sizes[lane]]
+            else:
+                want = []
+            assert as_tuples(src.chunk(lane, c)) == want
             ch = src.chunk(lane, c)
             assert ch.lane == lane and ch.chunk_id == c
+    if exhaustion == "stop":
+        per_lane = [src.lane_positions(lane) for lane in range(R)]
+        assert sum(per_lane) == T and max(per_lane) - min(per_lane) <= 1
 
 
 def test_random_access_independent_of_call_order():
@@ -599,3 +614,14 @@ def test_lanes_bad_rank_and_assignment():
     with pytest.raises(TopologyError):
         check_topology(0, 1)
     check_topology(12, 6, 5)  # valid: no error
+
+
+@pytest.mark.parametrize("n", [3, 5, 8, 40])
+def test_small_permutations_are_not_biased_toward_identity(n):
+    """Over 3,000 keys, the identity appears about as often as 1/n! predicts (a 4-round Feistel network over
+    a few bits gave it 3x to 28x too often), and each element lands in each position about 1/n of the time."""
+    perms = [tuple(IndexPermutation(n, key)(np.arange(n)).tolist()) for key in range(3000)]
+    expected = 3000 / math.factorial(n)
+    assert Counter(perms)[tuple(range(n))] <= max(3, 2 * expected)
+    first = Counter(p[0] for p in perms)
+    assert set(first) == set(range(n)) and max(first.values()) < 1.6 * 3000 / n

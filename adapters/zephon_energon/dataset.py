@@ -84,12 +84,14 @@ def _build(path, *, split_part, worker_config, batch_size, batch_drop_last, pack
         R = int(zk.get("canonical_replicas") or worker_config.world_size * max(1, worker_config.num_workers))
         chunk = int(zk.get("chunk_size") or 1)
         assignment = zk.get("lane_assignment", "interleaved")
-    span = int(zk.get("flush_span") or max(256, 4 * (packing_buffer_size or 0), 4 * (shuffle_buffer_size or 0)))
+    # A shuffle buffer fills once per span (a restore replays at most what a cold start fills); a packing
+    # buffer gets 4 fills between its forced flushes.
+    span = int(zk.get("flush_span") or max(256, 4 * (packing_buffer_size or 0), shuffle_buffer_size or 0))
     k = -(-span // chunk)  # whole chunks between sentinels
     loader_kwargs = dict(seed=seed, canonical_replicas=R, chunk_size=chunk, flush_every_k_chunks=k,
                          shuffle=training, exhaustion="repeat" if (training and repeat) else "stop",
                          dp_degree=worker_config.world_size, dp_rank=worker_config.rank,
-                         lane_assignment=assignment)
+                         lane_assignment=assignment, pad_tail=False)  # TaskEncoder batches hold no padding
     ds = EnergonDataset(datasets=datasets, weights=weights, ops=ops, loader_kwargs=loader_kwargs,
                         worker_config=worker_config, task_encoder=task_encoder, batch_size=batch_size,
                         training=training, virtual_epoch_length=virtual_epoch_length, limit=limit,
@@ -147,7 +149,8 @@ def get_train_dataset(path, *, split_part="train", worker_config, batch_size, ba
     ``shuffle_over_epochs_multiplier`` must be 1 (or None): every pass visits every sample once.
     Zephon extras: ``canonical_replicas`` (lanes, default 64; every world size used must divide it),
     ``chunk_size`` (default ``min(256, samples // canonical_replicas)``), ``flush_span`` (pointers per
-    lane between accumulator flushes, default ``max(256, 4 x buffer sizes)``), ``lane_assignment``.
+    lane between accumulator flushes, default ``max(256, shuffle_buffer_size, 4 x packing_buffer_size)``),
+    ``lane_assignment``.
     Raises ``RefusedKeyword`` for a keyword it cannot honour, ``TopologyError`` when ``world_size`` does
     not divide ``canonical_replicas``."""
     if shuffle_over_epochs_multiplier not in (None, 1):

@@ -15,13 +15,12 @@ import weakref
 from torch.utils.data import IterableDataset
 
 from zephon import Loader
-from zephon.formats import open_dataset
 from zephon.host import Channel, RankSession, private_dir
 from zephon.ops import Batch, Decode, Pack, Tokenize
 from zephon.work import TopologyError, lanes_for_rank
 
 from .iteration import RankIteration
-from .keywords import RefusedKeyword, Stream, detect_world, refuse, refuse_unsupported, stream_weights
+from .keywords import RefusedKeyword, Stream, detect_world, refuse_unsupported, stream_weights
 from .state import STATE_FORMAT, MosaicState
 
 __all__ = ["STATE_FORMAT", "RefusedKeyword", "Stream", "StreamingDataset", "detect_world"]  # the old home of each
@@ -34,8 +33,9 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
     ``split``, ``validate_hash``, ``allow_unsafe_types`` (MDS reader), ``epoch_size``, ``batch_size``
     (per device, required), ``num_canonical_nodes`` (= lanes, Zephon's ``canonical_replicas``;
     default: the global batch size), ``shuffle``, ``shuffle_seed``, ``shuffle_block_size``,
-    ``replication``; accepted without effect: ``download_retry``, ``download_timeout``, ``keep_zip``,
-    ``predownload``, ``cache_limit``; refused unless left at Mosaic's default: ``sampling_method``,
+    ``replication``; for a ``remote`` object-storage URL read through ``local`` (docs/remote.md):
+    ``download_retry``, ``download_timeout``, ``keep_zip``, ``predownload``, ``cache_limit``; refused unless
+    left at Mosaic's default: ``sampling_method``,
     ``sampling_granularity``, ``partition_algo``, ``shuffle_algo``, ``batching_method``,
     ``stream_name``, ``stream_config``.
 
@@ -85,8 +85,7 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
         if shuffle_block_size is not None and (not isinstance(shuffle_block_size, int) or shuffle_block_size < 1):
             raise ValueError(f"shuffle_block_size must be an int >= 1 or None, got {shuffle_block_size!r}")
 
-        # Accepted without effect (documented): download_retry, download_timeout, keep_zip, predownload,
-        # cache_limit. Zephon reads shards in place: nothing is downloaded, unzipped to disk or evicted.
+        # Remote streams read through local with these (docs/remote.md); local directories ignore them.
         self.predownload, self.cache_limit = predownload, cache_limit
         default = {"remote": remote, "local": local, "split": split, "download_retry": download_retry,
                    "download_timeout": download_timeout, "validate_hash": validate_hash, "keep_zip": keep_zip}
@@ -113,7 +112,7 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
             raise ValueError("tokenizer= (packing) needs epoch_size = packed rows per epoch: the number of rows a "
                              "pass packs into is unknown until every document is tokenized")
         one_pass = one_pass and not self.text
-        self.exhaustion = "stop" if one_pass else "repeat"
+        self.exhaustion = "fill" if one_pass else "repeat"  # one pass: Mosaic's epoch, the last batch filled
         self.epoch_size = None if one_pass else (epoch_value or int(round(sum(self.weights))))
 
         # -- topology
@@ -170,14 +169,8 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
         self.fingerprint, self.config_summary = ref.fingerprint, ref.summary
 
     def _open(self, stream: Stream):
-        path, is_mds = stream.resolve()
-        if is_mds:
-            return open_dataset(path, format="mds", allow_unsafe_types=self.allow_unsafe_types,
-                                validate_hash=stream.validate_hash)
-        if stream.validate_hash:
-            refuse("validate_hash", stream.validate_hash, f"{path} holds JSONL/Parquet files, which carry no shard "
-                   f"hashes; validate_hash applies to MDS shards only")
-        return open_dataset(path)
+        return stream.open(allow_unsafe_types=self.allow_unsafe_types, predownload=self.predownload,
+                           cache_limit=self.cache_limit)
 
     def _ops(self):
         if self._ops_cache is None:
@@ -225,10 +218,10 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
         if self.exhaustion == "repeat":
             S = self.epoch_size // gbs
             what = f"epoch_size={self.epoch_size}"
-        else:  # one pass: the lane with the fewest samples decides (each row is one sample)
+        else:  # one pass, filled to whole global batches: every lane holds exactly S steps of samples
             src = self._loader(0).source
-            S = min(src.lane_positions(lane) for lane in range(R)) // self.rows_per_lane
-            what = f"one pass over {src.total_positions} samples"
+            S = src.total_positions // gbs
+            what = f"one pass over {src.pass_positions} samples"
         if S < 1:
             raise ValueError(f"{what} gives no complete global batch of {gbs} rows over {R} lanes "
                              f"(lower num_canonical_nodes or chunk_size, or raise epoch_size)")
@@ -246,11 +239,18 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
 
     @property
     def dropped_per_epoch(self) -> int:
-        """Samples of a one-pass epoch left out by drop_last (the incomplete last global batch and the
-        lanes' uneven tails); 0 when ``epoch_size`` fixes the epoch."""
+        """Samples of an epoch left out: always 0 (a one-pass epoch is filled to whole global batches instead,
+        see ``repeated_per_epoch``)."""
+        return 0
+
+    @property
+    def repeated_per_epoch(self) -> int:
+        """Samples a one-pass epoch delivers twice: its last global batch is filled with samples from the start
+        of the epoch's order, as Mosaic does (fewer than ``batch_size x world size``; 0 when ``epoch_size``
+        fixes the epoch). Counted in ``len()``."""
         if self.exhaustion == "repeat":
             return 0
-        return self._loader(0).source.total_positions - self.steps_per_epoch * self.global_batch_size
+        return self._loader(0).source.fill_positions
 
     def __getstate__(self):  # spawned workers: no cached core loaders or aggregators
         state = dict(self.__dict__)

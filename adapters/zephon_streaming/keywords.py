@@ -1,4 +1,5 @@
 """mosaicml-streaming 0.13's keywords on Zephon: ``Stream``, the refused knobs, stream weights and the world.
+Remote streams (``s3://``, ``msc://``, ``gs://``) are read through ``zephon.formats.remote`` (docs/remote.md).
 
 Translation only (see docs/streaming.md for each keyword's status): what Mosaic's keywords mean in Zephon's terms
 (mixture weights, samples per epoch, rank and world size), and a clear refusal for the knobs whose non-default
@@ -8,6 +9,9 @@ from __future__ import annotations
 
 import math
 import os
+
+from zephon.formats.mds import is_mds_source
+from zephon.formats.remote import SCHEMES, is_remote
 
 REMOTE_SCHEMES = ("s3://", "gs://", "oci://", "azure://", "az://", "hf://", "dbfs:", "sftp://", "http://", "https://")
 
@@ -116,10 +120,11 @@ class Stream:
     """One data source, as ``streaming.Stream``: ``remote`` / ``local`` / ``split`` locate the shards
     (MDS ``index.json``, or JSONL / Parquet files); at most one of ``proportion`` (relative),
     ``repeat`` (samples per epoch = repeat x stream size) or ``choose`` (samples per epoch) sets its
-    mixture weight. ``validate_hash`` is passed to the MDS reader; ``download_retry``,
-    ``download_timeout`` and ``keep_zip`` have no effect (Zephon reads shards in place, it never
-    downloads or unzips to a cache). Raises ValueError for more than one weight or a weight that is not a
-    finite number > 0."""
+    mixture weight. With ``remote`` an object-storage URL (``s3://``, ``msc://``, ``gs://``), ``local`` is the
+    cache it is read through, as in Mosaic: shards are downloaded into it on first use (``download_retry``
+    re-attempts of ``download_timeout`` seconds each; ``.zstd`` / ``.gz`` shards decompressed there, the
+    compressed copy kept with ``keep_zip``), ``validate_hash`` checked on each download (see docs/remote.md).
+    Raises ValueError for more than one weight or a weight that is not a finite number > 0."""
 
     def __init__(self, *, remote=None, local=None, split=None, proportion=None, repeat=None, choose=None,
                  download_retry=None, download_timeout=None, validate_hash=None, keep_zip=None):
@@ -149,11 +154,28 @@ class Stream:
         return (f"Stream(remote={self.remote!r}, local={self.local!r}, split={self.split!r}, "
                 f"proportion={self.proportion!r}, repeat={self.repeat!r}, choose={self.choose!r})")
 
+    def remote_url(self) -> str | None:
+        """``remote`` when it is an object-storage URL Zephon reads, else None. Raises ``RefusedKeyword`` for a
+        scheme it does not read (naming the ones it does)."""
+        if self.remote is None:
+            return None
+        r = os.fspath(self.remote)
+        if is_remote(r):
+            return r
+        if r.startswith(REMOTE_SCHEMES):
+            refuse("remote", self.remote, f"this scheme is not read by Zephon (it reads {', '.join(SCHEMES)}:// "
+                   f"URLs); copy the shards to a local or mounted directory and pass local=<dir>")
+        return None
+
     def resolve(self) -> tuple[str, bool]:
-        """``(directory, is_mds)``: ``local`` if it holds the shards, else ``remote`` when it is a
-        local (or mounted) path. Raises ``RefusedKeyword`` for a remote URL with no local copy,
-        FileNotFoundError when no shards are found."""
+        """``(directory or URL, is_mds)``: ``remote`` when it is an object-storage URL (read through ``local``),
+        else ``local`` if it holds the shards, else ``remote`` when it is a local (or mounted) path. Raises
+        ``RefusedKeyword`` for a URL scheme Zephon does not read, FileNotFoundError when no shards are found."""
         split = self.split or ""
+        url = self.remote_url()
+        if url is not None:
+            base = url.rstrip("/") + (f"/{split}" if split else "")
+            return url, is_mds_source(base + "/index.json")
         tried = []
         for base in (self.local, self.remote):
             if base is None:
@@ -161,16 +183,36 @@ class Stream:
             b = os.fspath(base)
             if b.startswith("file://"):
                 b = b[len("file://"):]
-            if b.startswith(REMOTE_SCHEMES):
-                continue
             p = os.path.join(b, split)
             tried.append(p)
             if os.path.isdir(p) and any(not n.startswith(".") for n in os.listdir(p)):
                 return p, os.path.exists(os.path.join(p, "index.json"))
             if os.path.isfile(p):
                 return p, False
-        if self.remote is not None and str(self.remote).startswith(REMOTE_SCHEMES):
-            refuse("remote", self.remote, "Zephon reads shards in place and never downloads. Copy the shards to a "
-                   "local or mounted directory (e.g. `aws s3 sync`, or a streaming.StreamingDataset run with "
-                   f"local=<dir>) and pass local=<dir>; local={self.local!r} holds no shards")
         raise FileNotFoundError(f"{self!r}: no shards found (looked in {tried or 'nothing: give local= or remote='})")
+
+    def open(self, *, allow_unsafe_types=False, predownload=None, cache_limit=None):
+        """This stream as a ``zephon.formats`` Dataset (MDS or JSONL / Parquet files), reading a remote one through
+        ``local`` with Mosaic's download keywords. Raises ``RefusedKeyword`` for ``validate_hash`` on files."""
+        from zephon.formats import open_dataset
+
+        path, is_mds = self.resolve()
+        remote = {}
+        if self.remote_url() is not None:
+            remote = {"local": self.local, "download_retry": 2 if self.download_retry is None else self.download_retry,
+                      "download_timeout": 60 if self.download_timeout is None else self.download_timeout,
+                      "cache_limit": cache_limit}
+        if is_mds:
+            if remote:
+                remote.update(split=self.split, keep_zip=bool(self.keep_zip), predownload=predownload)
+            return open_dataset(path, format="mds", allow_unsafe_types=allow_unsafe_types,
+                                validate_hash=self.validate_hash, **remote)
+        if self.validate_hash:
+            refuse("validate_hash", self.validate_hash, f"{path} holds JSONL/Parquet files, which carry no shard "
+                   f"hashes; validate_hash applies to MDS shards only")
+        if remote:
+            if self.split:
+                path = path.rstrip("/") + f"/{self.split}"
+            if self.local is not None and self.split:
+                remote["local"] = os.path.join(os.fspath(self.local), self.split)
+        return open_dataset(path, **remote)

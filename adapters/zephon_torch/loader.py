@@ -23,7 +23,8 @@ _RAGGED = ("cu_seqlens",)
 def _concat(group: list) -> dict:
     """Concatenate a group's lane micro-batches (``(meta, numpy micro-batch)``, same step and micro-batch
     index, lane order) along rows, then convert to torch (``to_torch``). Adds ``__lane__`` (per row),
-    ``__step__`` and ``__micro__``."""
+    ``__step__``, ``__micro__`` and, in a finite pass's padded last step, ``__pad__`` (per row: True for a
+    padding row)."""
     parts = [p for _, p in group]
     out = {}
     for k in parts[0]:
@@ -36,6 +37,8 @@ def _concat(group: list) -> dict:
             out[k] = [x for v in vals for x in v] if isinstance(vals[0], list) else vals
     out = to_torch(out)
     out["__lane__"] = torch.tensor([m["lane"] for m, _ in group for _ in range(m["rows"])], dtype=torch.long)
+    if any(m.get("pad") for m, _ in group):  # a finite pass's last step: which rows are padding
+        out["__pad__"] = torch.tensor([i >= m["rows"] - m.get("pad", 0) for m, _ in group for i in range(m["rows"])])
     out["__step__"] = group[0][0]["step"]
     out["__micro__"] = group[0][0]["micro"]
     return out

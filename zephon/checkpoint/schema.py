@@ -1,9 +1,11 @@
 """Checkpoint state schema: plain JSON data, a typed lane cursor, validation against a config fingerprint.
 
 A checkpoint holds, per lane, where replay starts (the chunk and offset of the last flush sentinel
-before the cursor), how many rows of that span were already delivered (the replay cursor), and the lane's
-delivered row count. Pointer lists and chunk contents are never stored: chunks are regenerated from
-``(lane, chunk_id)``, so the size is a few dozen bytes per lane whatever the chunk size or step.
+before the cursor), how many rows of that span were already delivered (the replay cursor), the lane's
+delivered row count and, when packing carried open bins across that sentinel, the carried documents by
+stream position (``carry``, a few dozen integers). Pointer lists and chunk contents are never stored:
+chunks are regenerated from ``(lane, chunk_id)``, so the size is a few hundred bytes per lane at most,
+whatever the chunk size or step.
 """
 from __future__ import annotations
 
@@ -13,11 +15,16 @@ from dataclasses import asdict, dataclass
 
 FORMAT = "zephon-checkpoint/1"
 LANE_KEYS = ("lane", "sentinel_chunk", "sentinel_offset", "replay_cursor", "delivered_rows")
+#: Optional lane entry key: ``{chain index (str): [[ref, ...] per open bin]}``, a ref being a stream
+#: position (int) or ``[position, piece]``: what an accumulator carried into the span (``engine.lane``).
+CARRY_KEY = "carry"
+MAX_CARRIED = 1 << 16  # refs per lane entry: far above any Pack(max_carry); a bound against garbage
 #: Version of the algorithms that turn a config into streams (index permutation, mixture allocation,
 #: chunking, shuffle hash, packing; pinned by tests/test_golden.py). It is part of every config and so of
 #: the fingerprint: bump it when a pinned output changes, and a checkpoint of the old algorithms is
 #: refused by name instead of being restored onto a different stream.
-ALGORITHM_VERSION = 1
+ALGORITHM_VERSION = 2  # 2: finite passes split evenly over lanes, packing carries open bins across sentinels,
+#                        permutations of up to 64 elements by a Fisher-Yates table
 
 
 class CheckpointError(ValueError):
@@ -33,13 +40,15 @@ class LaneCursor:
         pointer position ``sentinel_chunk * chunk_size + sentinel_offset``, a multiple of the flush span).
     replay_cursor: rows of that span already delivered (a resume regenerates the span and skips them).
     delivered_rows: rows of the lane delivered since the start of the run.
-    JSON form: a dict with exactly these keys (``to_dict`` / ``from_dict``)."""
+    carry: what accumulators carried into that span (see ``CARRY_KEY``), or None.
+    JSON form: a dict with these keys, ``carry`` only when set (``to_dict`` / ``from_dict``)."""
 
     lane: int
     sentinel_chunk: int = 0
     sentinel_offset: int = 0
     replay_cursor: int = 0
     delivered_rows: int = 0
+    carry: dict | None = None
 
     @classmethod
     def fresh(cls, lane: int) -> "LaneCursor":
@@ -50,21 +59,46 @@ class LaneCursor:
     def from_dict(cls, entry) -> "LaneCursor":
         """Parse a checkpoint lane entry. Raises ``CheckpointError`` naming the entry when keys or values
         are wrong (non-negative integers; ``replay_cursor <= delivered_rows``)."""
-        if not isinstance(entry, dict) or sorted(entry) != sorted(LANE_KEYS):
-            raise CheckpointError(f"malformed lane entry {entry!r}; expected keys {LANE_KEYS}")
+        if not isinstance(entry, dict) or sorted(k for k in entry if k != CARRY_KEY) != sorted(LANE_KEYS):
+            raise CheckpointError(f"malformed lane entry {entry!r}; expected keys {LANE_KEYS} (and optionally "
+                                  f"{CARRY_KEY!r})")
         if not all(type(entry[k]) is int and 0 <= entry[k] < 1 << 62 for k in LANE_KEYS):
             raise CheckpointError(f"lane entry {entry!r}: values must be non-negative integers")
         if entry["replay_cursor"] > entry["delivered_rows"]:
             raise CheckpointError(f"lane entry {entry!r}: replay_cursor exceeds delivered_rows")
-        return cls(**{k: entry[k] for k in LANE_KEYS})
+        if CARRY_KEY in entry:
+            _check_carry(entry)
+        return cls(**{k: entry[k] for k in LANE_KEYS}, carry=entry.get(CARRY_KEY))
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["carry"] is None:
+            del d["carry"]
+        return d
 
     def position(self, rows_per_lane_step: int, micro_batch_size: int) -> tuple[int, int]:
         """``(step, micro-batch index)`` of the lane's next row."""
         step, rows = divmod(self.delivered_rows, rows_per_lane_step)
         return step, rows // micro_batch_size
+
+
+def _is_ref(r) -> bool:
+    if type(r) is int:
+        return 0 <= r < 1 << 62
+    return (isinstance(r, list) and len(r) == 2 and all(type(x) is int for x in r) and 0 <= r[0] < 1 << 62
+            and 0 < r[1] < 1 << 31)
+
+
+def _check_carry(entry: dict) -> None:
+    carry, n = entry[CARRY_KEY], 0
+    ok = isinstance(carry, dict) and carry and all(isinstance(k, str) and k.isdigit() for k in carry)
+    for bins in carry.values() if ok else ():
+        ok = ok and isinstance(bins, list) and all(isinstance(b, list) and b and all(_is_ref(r) for r in b)
+                                                   for b in bins)
+        n += sum(len(b) for b in bins) if ok else 0
+    if not ok or n > MAX_CARRIED:
+        raise CheckpointError(f"lane {entry.get('lane')}: malformed {CARRY_KEY!r} {str(carry)[:200]}; expected "
+                              f"{{chain index: [[position or [position, piece], ...] per open bin]}}")
 
 
 def canonical_json(obj) -> str:

@@ -3,9 +3,11 @@ row buffer and the replay cursor. All of it runs on the pump thread.
 
 A flush span is the stretch between two flush sentinels: a sentinel follows every ``span`` pointers of
 the lane (``flush_every_k_chunks * chunk_size``, possibly a fraction of a chunk), and every accumulator
-flushes and resets when it passes. So the rows of span ``s`` are a pure function of the lane's pointers
-``[s*span, (s+1)*span)``; a resume regenerates them from ``(lane, chunk_id)`` starting at the lane
-cursor's span and drops the rows already delivered.
+flushes and resets when it passes, except one that carries (packing's open bins): it names the records it
+keeps (``(position, piece)``, in the checkpoint entry's ``carry``). So the rows of span ``s`` are a pure
+function of the lane's pointers ``[s*span, (s+1)*span)`` and the records carried into it; a resume
+regenerates the carried records from their positions, then the span from ``(lane, chunk_id)``, and drops
+the rows already delivered.
 """
 from __future__ import annotations
 
@@ -14,8 +16,31 @@ from collections import deque
 from ..ops.base import RecordError
 from .stage import error_for
 
+import numpy as np
+
 SENTINEL = "sentinel"
 END = "end"
+
+
+def record_ref(record: dict):
+    """A carried record's name in a checkpoint: its stream position, or ``[position, piece]`` for a piece
+    of a split document after the first."""
+    position, piece = int(record["__src__"][3]), int(record.get("__piece__", 0))
+    return position if piece == 0 else [position, piece]
+
+
+def _ref_key(ref) -> tuple[int, int]:
+    return (ref, 0) if isinstance(ref, int) else (ref[0], ref[1])
+
+
+class _Carried:
+    """The unit that regenerates the records carried into a resumed span (released before anything else)."""
+
+    def __init__(self, future):
+        self.future = future
+
+    def done(self) -> bool:
+        return self.future.done()
 
 
 class LanePipeline:
@@ -33,6 +58,13 @@ class LanePipeline:
         self.cs = source.chunk_size
         self.unit_size = unit_size
         self.chain = [(op, op.new_accumulator(lane) if op.stateful else None) for op in chain_ops]
+        # Which accumulators carry across a sentinel: those whose records can be regenerated (only
+        # reordering accumulators before them).
+        self.carriers = set()
+        for i, (op, acc) in enumerate(self.chain):
+            if acc is not None and hasattr(acc, "carry") and all(
+                    o.reorders_only for o, a in self.chain[:i] if a is not None):
+                self.carriers.add(i)
         start = start or {"sentinel_chunk": 0, "sentinel_offset": 0, "replay_cursor": 0, "delivered_rows": 0}
         first = start["sentinel_chunk"] * self.cs + start["sentinel_offset"]  # lane-local pointer index
         if first % span:
@@ -45,6 +77,10 @@ class LanePipeline:
         self.replayed_rows = 0
         self.produced = 0        # rows produced in this span so far
         self.sealed_rows = {}    # span -> final row count, once its sentinel passed
+        self.carried = {}        # span -> {chain index (str): bins of record refs} carried into it
+        if start.get("carry"):
+            self.carried[self.span_index] = start["carry"]
+        self._resume_carry = start.get("carry") or None  # regenerate before the span's first unit
         self.rows: deque = deque()  # (span, row) ready for the tail
         # dispatch side
         self.next_chunk, self.start_offset = divmod(first, self.cs)
@@ -64,7 +100,7 @@ class LanePipeline:
 
     # -- dispatch ---------------------------------------------------------------------------
     def inflight(self) -> int:
-        return sum(1 for p in self.pending.values() if p not in (SENTINEL, END))
+        return sum(1 for p in self.pending.values() if p not in (SENTINEL, END) and not isinstance(p, _Carried))
 
     def running(self) -> int:
         """Units submitted and not finished yet (what occupies workers)."""
@@ -83,6 +119,11 @@ class LanePipeline:
 
     def dispatch(self, runner) -> None:
         """Submit the next unit of work (and any sentinel/end marker that follows it)."""
+        if self._resume_carry is not None:  # first the records carried into the resumed span
+            refs = {_ref_key(r) for bins in self._resume_carry.values() for b in bins for r in b}
+            positions = np.array(sorted({p for p, _ in refs}), dtype=np.int64)
+            self._enqueue(_Carried(runner.submit(self.source.pointers(self.lane, -1, positions))))
+            self._resume_carry = None
         if self.cur is None:
             n = self.source.num_chunks(self.lane)
             if n is not None and self.next_chunk >= n:
@@ -118,7 +159,11 @@ class LanePipeline:
         released = False
         while self.seq_release in self.pending:
             item = self.pending[self.seq_release]
-            if item not in (SENTINEL, END):
+            if isinstance(item, _Carried):
+                if not item.done() and not (block and not released):
+                    break
+                self._resume(item.future.result())
+            elif item not in (SENTINEL, END):
                 if not item.done() and not (block and not released):
                     break
                 res = item.result()
@@ -128,10 +173,13 @@ class LanePipeline:
             self.seq_release += 1
             released = True
             if item is SENTINEL or item is END:
-                self._emit(self._flush_chain())
+                rows, carried = self._run_chain([], flush=True, carry=item is SENTINEL)
+                self._emit(rows)
                 self.sealed_rows[self.span_index] = self.produced
                 self.span_index += 1
                 self.produced = 0
+                if carried:
+                    self.carried[self.span_index] = carried
                 if item is END:
                     self.finished = True
                     self.pending.clear()
@@ -148,29 +196,56 @@ class LanePipeline:
         self._emit(self._push_chain(res.records))
 
     def _push_chain(self, records: list) -> list:
-        return self._run_chain(records, flush=False)
+        return self._run_chain(records, flush=False)[0]
 
-    def _flush_chain(self) -> list:
-        return self._run_chain([], flush=True)
-
-    def _run_chain(self, records: list, flush: bool) -> list:
+    def _run_chain(self, records: list, flush: bool, carry: bool = False) -> tuple[list, dict]:
         """Push ``records`` through the pump-side operators; with ``flush``, each accumulator flushes
-        after taking what the previous one emitted (a sentinel passing through, in order)."""
+        after taking what the previous one emitted (a sentinel passing through, in order), or, with
+        ``carry``, a carrying one keeps what it holds. Returns the rows and ``{chain index (str): bins of
+        record refs}`` of what was carried."""
+        carried = {}
         try:
-            for op, acc in self.chain:
+            for i, (op, acc) in enumerate(self.chain):
                 if acc is None:
                     before = len(records)
                     records = op.process_many(records)
                     if op.name == "filter":
                         self.filtered += before - len(records)
-                else:
-                    out = []
-                    for r in records:
-                        out.extend(acc.push(r))
-                    records = out + acc.flush() if flush else out
+                    continue
+                out = []
+                for r in records:
+                    out.extend(acc.push(r))
+                if flush and carry and i in self.carriers:
+                    emitted, held = acc.carry()
+                    out += emitted
+                    if any(held):
+                        carried[str(i)] = [[record_ref(r) for r in b] for b in held]
+                elif flush:
+                    out += acc.flush()
+                records = out
         except RecordError as e:
             raise error_for(self.datasets, e.src, str(e)) from None
-        return records
+        return records, carried
+
+    def _resume(self, res) -> None:
+        """Rebuild the carrying accumulators of a resumed span from the regenerated records (``res``, the
+        worker stage's output for the carried positions), passed through the stateless operators before
+        each of them."""
+        if res.error is not None:
+            raise res.error
+        carry = self.carried[self.span_index]
+        for key, bins in carry.items():
+            i = int(key)
+            records = res.records
+            for op, acc in self.chain[:i]:
+                if acc is None:
+                    records = op.process_many(records)
+            by_ref = {(int(r["__src__"][3]), int(r.get("__piece__", 0))): r for r in records}
+            missing = [r for b in bins for r in b if _ref_key(r) not in by_ref]
+            if missing:
+                raise RuntimeError(f"lane {self.lane}: the checkpoint carries records {missing[:5]} that their "
+                                   f"positions no longer produce (the data changed under the same fingerprint?)")
+            self.chain[i][1].resume([[by_ref[_ref_key(r)] for r in b] for b in bins])
 
     def _emit(self, rows: list) -> None:
         self.total_produced += len(rows)
@@ -190,6 +265,7 @@ class LanePipeline:
             if span != self.cursor_span:
                 self.cursor_span, self.cursor_rows = span, 0
                 self.sealed_rows = {k: v for k, v in self.sealed_rows.items() if k >= span}
+                self.carried = {k: v for k, v in self.carried.items() if k >= span}
             self.cursor_rows += 1
             self.delivered_rows += 1
             out.append(row)
@@ -201,8 +277,11 @@ class LanePipeline:
         if self.sealed_rows.get(s) == r:  # that span is fully delivered: resume at the next one
             s, r = s + 1, 0
         chunk, offset = divmod(s * self.span, self.cs)
-        return {"lane": self.lane, "sentinel_chunk": chunk, "sentinel_offset": offset, "replay_cursor": r,
-                "delivered_rows": self.delivered_rows}
+        entry = {"lane": self.lane, "sentinel_chunk": chunk, "sentinel_offset": offset, "replay_cursor": r,
+                 "delivered_rows": self.delivered_rows}
+        if self.carried.get(s):
+            entry["carry"] = self.carried[s]
+        return entry
 
 
 LaneState = LanePipeline  # the old name, kept for users who imported it

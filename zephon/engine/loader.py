@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 
-from ..ops.batch import Batch, collate
+from ..ops.batch import Batch, collate, padding_row
 from ..work import WorkSource, lanes_for_rank
 from .. import checkpoint as ckpt
 from .lane import LanePipeline
@@ -40,25 +40,13 @@ def _check_ops(ops, num_datasets: int) -> None:
 
 
 def _check_finite_lanes(source) -> None:
-    """A finite pass hands each lane whole chunks. With too few samples for ``chunk_size`` some lanes get
-    none (no step can ever complete: everything would be dropped) or far fewer than others (a large
-    share dropped at the end). Refuse the first, warn about the second, and say which chunk_size fits."""
-    per_lane = [source.lane_positions(lane) for lane in range(source.canonical_replicas)]
-    total, r = sum(per_lane), source.canonical_replicas
-    fit = max(1, total // (4 * r))
-    starved = [lane for lane, n in enumerate(per_lane) if n == 0]
-    if starved:
-        raise ValueError(
-            f"exhaustion='stop' with drop_last: {len(starved)} of {r} lanes get no sample in a pass (lanes get whole "
-            f"chunks: {total} samples in chunks of chunk_size={source.chunk_size}), so not one step could complete "
-            f"and the whole pass would be dropped; use chunk_size <= {fit} (or fewer canonical_replicas, or "
-            f"drop_last=False)")
-    lost = sum(n - min(per_lane) for n in per_lane)
-    if lost > 0.1 * total:
-        log.warning("exhaustion='stop': lanes get between %d and %d samples per pass (whole chunks of %d), so "
-                    "about %d of %d samples (%.0f%%) cannot fill complete steps and will be dropped; "
-                    "chunk_size <= %d balances the lanes", min(per_lane), max(per_lane), source.chunk_size,
-                    lost, total, 100 * lost / total, fit)
+    """A finite pass splits its positions evenly over the lanes (to within one). With fewer positions than
+    lanes, some lanes get none and, with drop_last, not one step could complete: refuse that."""
+    total, r = source.total_positions, source.canonical_replicas
+    if total < r:
+        raise ValueError(f"a finite pass of {total} samples over canonical_replicas={r} lanes leaves "
+                         f"{r - total} lanes without a sample, so with drop_last not one step could complete; use "
+                         f"fewer canonical_replicas or drop_last=False")
 
 
 class Loader:
@@ -72,26 +60,36 @@ class Loader:
             the pump, one accumulator per lane.
         weights, seed, shuffle, shuffle_block_size, exhaustion, chunk_size, canonical_replicas: the
             ``WorkSource`` (see there). ``canonical_replicas`` = number of lanes, fixed for the run.
+            ``exhaustion="fill"`` extends one pass to a multiple of ``global_batch_size`` samples by
+            repeating its first ones (Mosaic's epoch: with one row per sample no step is short).
         global_batch_size: rows per global step, a multiple of ``canonical_replicas`` (default
             ``canonical_replicas * micro_batch_size``). Each lane gives ``global_batch_size /
             canonical_replicas`` rows per step, in micro-batches of ``micro_batch_size`` rows.
         flush_every_k_chunks: chunks between flush sentinels; a fraction (e.g. 0.25) puts sentinels
             inside chunks. The flush span (``flush_every_k_chunks * chunk_size`` pointers per lane, an
-            integer) bounds what a resume replays; each flush pads partly filled rows. Default (None):
-            ``min(chunk_size, 256)`` pointers, which keeps a restore near a cold start at any chunk size.
+            integer) bounds what a resume replays; packing carries its open bins across a flush, a
+            shuffle buffer is drained there. Default (None): ``min(chunk_size, 256)`` pointers, or the
+            largest ``Shuffle`` buffer_size when larger (so the buffer can fill: a restore then replays
+            at most what a cold start fills), which keeps a restore near a cold start at any chunk size.
         dp_degree, dp_rank, lane_assignment: this rank's lanes (``work.lanes_for_rank``).
         lanes: own only this subset of the rank's lanes (a host loader worker's share,
             ``host.worker_lanes``); ``rank_lanes`` keeps the whole rank's. ``[]`` yields nothing.
         emit_state: add ``__state__`` to every micro-batch: its lane's checkpoint entry once that
             micro-batch is consumed (and ``__rows__``, its row count), so the consuming process (a host's
             main process, while workers prefetch) can checkpoint exactly what it used (``host.Progress``).
+        pad_tail: with a finite pass and ``Batch(drop_last=False)``, pad the last steps so every lane fills
+            them (default); False leaves a lane's last micro-batch short and ends each lane on its own (a
+            host whose batches cannot hold padding rows, such as Energon's TaskEncoder batches).
         runner: ``"inline"``, ``"threads"``, ``"processes"`` or a ``Runner`` to share; ``num_workers``.
         unit_size: pointers per unit of worker work (a performance knob only).
     Iterating yields micro-batch dicts (``ops.collate`` of rows) with ``__lane__``, ``__step__`` and
     ``__micro__``; within a step, micro-batch ``j`` of every owned lane in lane order, then ``j + 1``.
     A new ``iter()`` continues where the previous one stopped (or from a ``restore``d state) and
     supersedes it (the older iterator raises ``RuntimeError`` if used again; so does one that was
-    live during a ``restore``); after a finite stream (``exhaustion="stop"``) ended it yields nothing.
+    live during a ``restore``); after a finite stream (``exhaustion="stop"`` or ``"fill"``) ended it yields
+    nothing. A finite pass splits its samples evenly over the lanes (to within one); with ``Batch(drop_last=
+    False)`` its last step is padded (``ops.batch.padding_row``; ``__pad__`` counts a micro-batch's trailing
+    padding rows) so every owned lane delivers the same steps (across ranks: ``zephon.host.RankSession``).
     Set ``global_batch_size`` explicitly when the micro-batch size may change between runs: its
     default (``canonical_replicas * micro_batch_size``) would change with it.
     Raises ``TopologyError`` for a dp_degree that does not divide ``canonical_replicas``, ``ValueError``
@@ -103,21 +101,21 @@ class Loader:
                  shuffle_block_size: int | None = None, exhaustion: str = "repeat",
                  flush_every_k_chunks: float | None = None, dp_degree: int = 1, dp_rank: int = 0,
                  lane_assignment: str = "contiguous", runner="threads", num_workers: int = 2,
-                 unit_size: int = 256, lanes=None, emit_state: bool = False):
+                 unit_size: int = 256, lanes=None, emit_state: bool = False, pad_tail: bool = True):
         self.datasets = list(datasets)
         ops = list(ops)
         self.batch = ops.pop() if ops and isinstance(ops[-1], Batch) else Batch(1)
         if any(isinstance(op, Batch) for op in ops):
             raise ValueError("Batch must be the last operator")
         self.ops = ops
-        self.source = WorkSource(self.datasets, weights, seed=seed, canonical_replicas=canonical_replicas,
-                                 chunk_size=chunk_size, shuffle=shuffle, shuffle_block_size=shuffle_block_size,
-                                 exhaustion=exhaustion)
         self.canonical_replicas = canonical_replicas
         m = self.batch.micro_batch_size
         self.global_batch_size = canonical_replicas * m if global_batch_size is None else global_batch_size
-        if self.global_batch_size < 1 or unit_size < 1:
+        if not isinstance(self.global_batch_size, int) or self.global_batch_size < 1 or unit_size < 1:
             raise ValueError(f"global_batch_size and unit_size must be >= 1, got {global_batch_size}, {unit_size}")
+        self.source = WorkSource(self.datasets, weights, seed=seed, canonical_replicas=canonical_replicas,
+                                 chunk_size=chunk_size, shuffle=shuffle, shuffle_block_size=shuffle_block_size,
+                                 exhaustion=exhaustion, fill_multiple=self.global_batch_size)
         _check_ops(ops, len(self.datasets))
         if self.global_batch_size % canonical_replicas:
             raise ValueError(f"global_batch_size={self.global_batch_size} is not a multiple of "
@@ -126,8 +124,9 @@ class Loader:
         if self.rows_per_lane_step % m:
             raise ValueError(f"micro_batch_size={m} does not divide the {self.rows_per_lane_step} rows each lane "
                              f"gives per step (global_batch_size / canonical_replicas)")
-        if flush_every_k_chunks is None:
-            self.flush_span = min(chunk_size, 256)
+        if flush_every_k_chunks is None:  # a shuffle buffer fills once per span; a restore replays one at most
+            buffers = [op.buffer_size for op in ops if getattr(op, "name", "") == "shuffle"]
+            self.flush_span = max([min(chunk_size, 256)] + buffers)
         else:
             span = flush_every_k_chunks * chunk_size
             if not math.isfinite(span) or span < 1 or span != int(span):
@@ -135,7 +134,8 @@ class Loader:
                                  f"whole number of pointers >= 1")
             self.flush_span = int(span)
         self.unit_size = unit_size
-        if exhaustion == "stop" and self.batch.drop_last:
+        self.finite = self.source.total_positions is not None
+        if self.finite and self.batch.drop_last:
             _check_finite_lanes(self.source)
         self.dp_degree, self.dp_rank = dp_degree, dp_rank
         self.rank_lanes = lanes_for_rank(canonical_replicas, dp_degree, dp_rank, lane_assignment)
@@ -147,7 +147,7 @@ class Loader:
             if foreign or len(set(self.lanes)) != len(self.lanes):
                 raise ValueError(f"lanes={list(lanes)} must be distinct lanes of dp_rank {dp_rank}, which owns "
                                  f"{self.rank_lanes[0]}..{self.rank_lanes[-1]} ({lane_assignment}); foreign: {foreign}")
-        self.emit_state = emit_state
+        self.emit_state, self.pad_tail = emit_state, pad_tail
         n_work = next((i for i, op in enumerate(ops) if op.stateful), len(ops))
         self.stage = WorkStage(self.datasets, ops[:n_work])
         self.chain_ops = ops[n_work:]
@@ -169,6 +169,8 @@ class Loader:
         self._pending: dict | None = None
         self._generation = 0  # bumped by iter() and restore(): an older iterator must stop
         self.dropped_rows = 0
+        self.padded_rows = 0
+        self._template = None  # a delivered row: the shape of padding rows
 
     @property
     def rows_per_step(self) -> int:
@@ -221,23 +223,26 @@ class Loader:
         generation = self._generation
         lanes = self._state
         rps, m = self.rows_per_lane_step, self.batch.micro_batch_size
+        pad = self.finite and not self.batch.drop_last and self.pad_tail  # every lane fills every step
         while True:
             active = [lane for lane in self.lanes if not (lanes[lane].finished and not lanes[lane].rows)]
+            if pad:  # a lane that ran out mid-step (a restore there) still owes that step's padding
+                active += [lane for lane in self.lanes if lane not in active and lanes[lane].delivered_rows % rps]
             if not active:
                 return
             if self.batch.drop_last and len(active) < len(self.lanes):
                 self._drop_rest()  # a lane of this rank has ended: no complete step can follow
                 return
             # Step order even after a ragged (mid-step, per-rank) checkpoint: lanes behind go first.
-            step = min(lanes[lane].delivered_rows // rps for lane in active)
+            step = min(lanes[lane].delivered_rows // rps for lane in (self.lanes if pad else active))
             offset, ready, short = {}, [], False
-            for lane in active:
+            for lane in (self.lanes if pad else active):
                 st = lanes[lane]
                 if st.delivered_rows // rps != step:
                     continue
                 offset[lane] = st.delivered_rows % rps  # non-zero only after a mid-step checkpoint
                 self._ensure(lane, rps - offset[lane])
-                if len(st.rows) >= rps - offset[lane] or (st.rows and not self.batch.drop_last):
+                if len(st.rows) >= rps - offset[lane] or pad or (st.rows and not self.batch.drop_last):
                     ready.append(lane)
                 else:  # this lane ended inside the step (only matters with drop_last)
                     short = True
@@ -253,13 +258,37 @@ class Loader:
                         raise RuntimeError("this iterator was superseded by a newer iter() or restore() on the "
                                            "same Loader; iterate the newest one")
                     rows = lanes[lane].take((j + 1) * m - start)
+                    if rows and self._template is None:
+                        self._template = rows[0]
+                    n_pad = (j + 1) * m - start - len(rows) if pad else 0
+                    if n_pad:
+                        rows += self._padding(n_pad)
+                        lanes[lane].delivered_rows += n_pad
+                        self.padded_rows += n_pad
                     if rows:
                         mb = collate(rows)
                         mb["__lane__"], mb["__step__"], mb["__micro__"] = lane, step, j
+                        if n_pad:
+                            mb["__pad__"] = n_pad
                         if self.emit_state:
                             mb["__state__"] = lanes[lane].state()
                             mb["__rows__"] = len(rows)
                         yield mb
+
+    def _padding(self, n: int) -> list[dict]:
+        """``n`` padding rows shaped like a delivered row (``ops.batch.padding_row``). Raises ``RuntimeError``
+        when this loader has delivered no row to copy the shape from."""
+        if self._template is None:
+            for st in self._state.values():
+                if st.rows:
+                    self._template = st.rows[0][1]
+                    break
+            else:
+                raise RuntimeError(f"lanes {self.lanes} ran out before delivering a row, so the padding of a finite "
+                                   f"pass's last step (drop_last=False) has no row shape to copy; use drop_last=True "
+                                   f"or fewer canonical_replicas")
+        row = padding_row(self._template)
+        return [row] * n
 
     def _drop_rest(self) -> None:
         """Count (never silently lose) every row left in the owned lanes of a finished stream."""
@@ -305,15 +334,16 @@ class Loader:
         (read-ahead included, a replayed span counted again, so they vary with prefetch): ``skipped``
         samples (bad input in skip mode, with up to 20 ``skipped_messages`` naming them), ``filtered``
         records, ``replayed_rows`` (regenerated on resume, not re-delivered). ``dropped_rows``: a finite
-        stream's incomplete last step with drop_last. ``delivered_rows``: yielded since the start of
+        stream's incomplete last step with drop_last; ``padded_rows``: padding rows of a finite stream's last
+        step without it (this iteration). ``delivered_rows``: yielded since the start of
         training (restored counts included; the checkpoint's per-lane ``delivered_rows`` also counts
         dropped rows, as consumed)."""
         sts = list(self._state.values())
         msgs = [m for s in sts for m in s.skipped_messages][:20]
         return {"skipped": sum(s.skipped for s in sts), "skipped_messages": msgs,
                 "filtered": sum(s.filtered for s in sts), "replayed_rows": sum(s.replayed_rows for s in sts),
-                "dropped_rows": self.dropped_rows,
-                "delivered_rows": sum(s.delivered_rows for s in sts) - self.dropped_rows}
+                "dropped_rows": self.dropped_rows, "padded_rows": self.padded_rows,
+                "delivered_rows": sum(s.delivered_rows for s in sts) - self.dropped_rows - self.padded_rows}
 
     def close(self) -> None:
         """Stop worker threads/processes this loader started (a shared runner is left running)."""

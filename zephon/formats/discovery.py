@@ -96,3 +96,47 @@ def expand_source(source, fmt: str | None = None) -> list[tuple[str, str]]:
     if not out:
         raise DataError(f"no files matched source {source!r}")
     return out
+
+
+def expand_remote(item: str, fmt: str | None, fetcher) -> tuple[str, list]:
+    """Objects of one remote ``item`` in order: ``(prefix URL, [(ObjectInfo, format), ...])``.
+
+    item: an object URL (by extension, or any with ``fmt``), a glob pattern (``**`` allowed), or a prefix
+    read as a directory (every supported object below it, sorted by key; hidden names skipped). fetcher: a
+    ``remote.Fetcher``. The prefix is the directory the objects' cache paths are relative to.
+    Raises DataError when nothing matches; RemoteError (naming the URL) when the store cannot be read.
+    """
+    from .remote import basename, glob_match, glob_prefix, has_magic, relative
+    if has_magic(item):
+        prefix = glob_prefix(item)
+        found = []
+        for o in fetcher.list(prefix):
+            ff = format_of(o.url)
+            wanted = (ff is not None and fmt is None) or (fmt is not None and ff in (None, fmt))
+            hidden = _is_hidden(relative(o.url, prefix).replace("/", os.sep))  # as glob.glob: * skips dot names
+            if wanted and not hidden and glob_match(o.url, item):
+                found.append((o, fmt or ff))
+        if not found:
+            raise DataError("no supported objects matched this pattern", path=item)
+        return prefix, found
+    if format_of(item) is not None or (fmt is not None and not item.endswith("/")):
+        from .remote import ObjectMissing
+        try:
+            return item.rsplit("/", 1)[0], [(fetcher.head(item), fmt or format_of(item))]
+        except ObjectMissing:
+            if format_of(item) is not None:
+                raise
+        # forced format on a name without extension that is no object: a prefix after all
+    found = []
+    for o in fetcher.list(item):
+        rel = relative(o.url, item)
+        if _is_hidden(rel.replace("/", os.sep)) or basename(o.url) == "":
+            continue
+        ff = format_of(o.url)
+        if ff is not None and (fmt is None or ff == fmt):
+            found.append((o, ff))
+    if not found:
+        kinds = fmt or "supported"
+        raise DataError(f"no {kinds} objects under this prefix (extensions: {', '.join(sorted(EXTENSIONS))})",
+                        path=item)
+    return item.rstrip("/"), found

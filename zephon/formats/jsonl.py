@@ -13,9 +13,10 @@ memory once (see ``codecs.py``) and sliced.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -73,26 +74,37 @@ class JsonlReader:
 
     path: absolute file path. shard: shard id, only used in error messages. columns: if given,
     records must have these keys and are projected to them (in that order). cache_dir: fallback
-    index cache directory (see ``index_cache``). Opening builds or loads the line index and raises
+    index cache directory (see ``index_cache``). file: a remote file's cached copy (``remote.CachedFile``;
+    ``path`` then names the object); None: read ``path``. Opening builds or loads the line index and raises
     DataError for a truncated/corrupt compressed stream, OSError if the file cannot be read.
     """
 
     format = "jsonl"
 
     def __init__(self, path: str, *, shard: int | None = None, columns: Sequence[str] | None = None,
-                 cache_dir: str | None = None):
+                 cache_dir: str | None = None, file=None):
         self.path = path
         self.shard = shard
         self.columns = tuple(columns) if columns is not None else None
         self.compressed = codec_of(path) is not None
-        self._file = PreadFile(path, lazy=True)  # plain files only; opened on the first read
+        # plain files: opened on the first read; a remote file's cached copy (remote.CachedFile) is pinned per read
+        self._file = file if file is not None else PreadFile(path, lazy=True)
         self._line_numbers: np.ndarray | None = None  # built on the first error
         self._lock = threading.Lock()  # guards _line_numbers
         try:
-            self.offsets = load_or_build(path, INDEX_KIND, lambda: build_line_index(iter_blocks(path)),
-                                         cache_dir)
+            with self._local() as p:
+                self.offsets = load_or_build(p, INDEX_KIND, lambda: build_line_index(iter_blocks(p)), cache_dir)
         except DataError as e:
             raise e.located(path=path, shard=shard) from e
+
+    @contextlib.contextmanager
+    def _local(self) -> Iterator[str]:
+        """The local file to read whole: ``path``, or a remote file's cached copy (present and pinned)."""
+        if isinstance(self._file, PreadFile):
+            yield self.path
+        else:
+            with self._file.local() as p:
+                yield p
 
     @property
     def num_samples(self) -> int:
@@ -118,7 +130,8 @@ class JsonlReader:
     def _raw(self, wanted: list[int]) -> dict[int, bytes]:
         off = self.offsets
         if self.compressed:
-            data = load_decompressed(self.path)
+            with self._local() as p:
+                data = load_decompressed(p)
             if len(data) != off[-1]:
                 raise DataError("file changed since it was indexed", path=self.path, shard=self.shard)
             return {i: data[off[i]:off[i + 1]] for i in wanted}
@@ -163,11 +176,11 @@ class JsonlReader:
         the whole stream once (so skip mode over many bad lines stays linear), later calls look up."""
         with self._lock:
             if self._line_numbers is None:
-                data = [load_decompressed(self.path)] if self.compressed else iter_blocks(self.path)
                 newlines, pos = [], 0
-                for block in data:
-                    newlines.append(np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10) + pos)
-                    pos += len(block)
+                with self._local() as p:
+                    for block in ([load_decompressed(p)] if self.compressed else iter_blocks(p)):
+                        newlines.append(np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10) + pos)
+                        pos += len(block)
                 nl = np.concatenate(newlines) if newlines else np.zeros(0, dtype=np.int64)
                 self._line_numbers = np.searchsorted(nl, self.offsets[:-1]) + 1
         return int(self._line_numbers[i])

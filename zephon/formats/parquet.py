@@ -24,19 +24,21 @@ class ParquetReader:
     """Random-access reader of one Parquet shard.
 
     path: absolute file path. shard: shard id for error messages. columns: columns to read and
-    return (None = all). Raises DataError at open time when the file is not readable Parquet or a
-    requested column is absent (the message lists the columns present); OSError if it cannot be opened.
+    return (None = all). file: a seekable binary file to read instead of ``path`` (a remote object read by
+    byte ranges, ``remote.RangeFile``: the footer, then only the row groups asked for). Raises DataError at
+    open time when the file is not readable Parquet or a requested column is absent (the message lists the
+    columns present); OSError if it cannot be opened.
     """
 
     format = "parquet"
 
     def __init__(self, path: str, *, shard: int | None = None, columns: Sequence[str] | None = None,
-                 cache_dir: str | None = None):  # cache_dir: unused, same signature as JsonlReader
+                 cache_dir: str | None = None, file=None):  # cache_dir: unused, same signature as JsonlReader
         self.path = path
         self.shard = shard
         self.columns = list(columns) if columns is not None else None
         try:
-            self._file = pq.ParquetFile(path)
+            self._file = pq.ParquetFile(file if file is not None else path)
         except pa.ArrowException as e:
             raise DataError(f"not a readable Parquet file: {e}", path=path, shard=shard) from e
         meta = self._file.metadata

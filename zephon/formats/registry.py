@@ -3,16 +3,21 @@
 Each format owns its keywords: they are the keyword parameters of its opener (``open_mds``: ``split``,
 ``validate_hash``, ``allow_unsafe_types``; ``open_energon``: ``split_part``, ``decode``, ...), so a
 keyword added to an opener is accepted without touching this module. ``open_dataset`` passes every
-format ``name``, ``columns``, ``cache_dir`` and ``on_error``.
+format ``name``, ``columns``, ``cache_dir`` and ``on_error``. Every format reads object-storage URLs
+(``s3://``, ``msc://``, ``gs://``) through ``remote`` and takes its keywords ``local``, ``download_retry``,
+``download_timeout`` and ``cache_limit`` (docs/remote.md).
 """
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Callable, NamedTuple
 
 from . import energon, mds
 from .base import Dataset
+from .discovery import format_of
 from .files import open_files, open_jsonl, open_parquet
+from .remote import is_remote
 
 COMMON_KEYWORDS = ("name", "columns", "cache_dir", "on_error")
 
@@ -39,8 +44,15 @@ FORMATS: dict[str, Format] = {
 }
 
 
-def detect_format(source) -> str | None:
-    """The first format of ``FORMATS`` whose ``detect`` recognises ``source``; None: files by extension."""
+def detect_format(source, split: str | None = None) -> str | None:
+    """The first format of ``FORMATS`` whose ``detect`` recognises ``source``; None: files by extension.
+    An object-storage URL with a file extension is a file (no request is made to detect it); with a ``split``,
+    an object-storage URL is an MDS root (only MDS has splits; listing a bucket to find out would cost more)."""
+    if is_remote(source):
+        if format_of(os.fspath(source)) is not None:
+            return None
+        if split is not None:
+            return "mds"
     for fmt, entry in FORMATS.items():
         if entry.detect is not None and entry.detect(source):
             return fmt
@@ -86,7 +98,7 @@ def open_dataset(source, *, format: str | None = None, name: str | None = None, 
     """
     if format is not None and format not in FORMATS:
         raise ValueError(f"format must be one of {tuple(FORMATS)} or None, not {format!r}")
-    fmt = format if format is not None else detect_format(source)
+    fmt = format if format is not None else detect_format(source, keywords.get("split"))
     opener = FORMATS[fmt].open if fmt is not None else open_files
     own = format_keywords(opener)
     if own is not None:

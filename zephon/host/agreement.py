@@ -5,10 +5,11 @@ A finite pass (``exhaustion="stop"``) with ``drop_last`` ends where the first la
 would leave the others hanging in their next collective, and which samples are delivered would depend on
 the worker count. So each step is released only when every lane of the rank holds it complete and, under
 torch.distributed, every rank says the same (one ``all_reduce(MIN)`` per step on a gloo side group).
-Without ``drop_last`` a rank's last steps may be short, but under torch.distributed every rank must still
-hold a step for it to be released: the ranks stop together at the first step some rank has no row of, and
-what the others hold from there on is counted and reported (a step padded on the ranks that ran out is not
-built yet), never left to hang a collective.
+Without ``drop_last`` the pass's tail is delivered: each step is voted with ``all_reduce(MAX)`` and goes on
+while some rank holds a row of it; a rank (or a lane of it, when the rank's lanes are spread over host
+workers) that ran out gets padding micro-batches there (``padded_steps``), so every rank delivers the same
+steps. A host whose items are not plain micro-batches (a TaskEncoder's batches) cannot be padded: its ranks
+stop together at the first step some rank has no row of, and what the others hold is counted and reported.
 """
 from __future__ import annotations
 
@@ -30,15 +31,16 @@ class StepAgreement:
     Args:
         group: the ranks that agree (a torch.distributed group; None: the whole job). Without an
             initialised process group only this process votes.
-    ``agree(complete) -> bool``: True when every rank's ``complete`` is True. A collective under
-    torch.distributed: every rank calls it once per step, in the same order (the side group is made on
-    the first call, itself a collective over ``group``'s ranks)."""
+    ``agree(complete, any_rank=False) -> bool``: True when every rank's ``complete`` is True (with
+    ``any_rank``: when some rank's is). A collective under torch.distributed: every rank calls it once per
+    step, in the same order (the side group is made on the first call, itself a collective over
+    ``group``'s ranks)."""
 
     def __init__(self, group=None):
         self.group = group
         self._side = None
 
-    def agree(self, complete: bool) -> bool:
+    def agree(self, complete: bool, any_rank: bool = False) -> bool:
         dist = _dist()
         if dist is None or dist.get_world_size(self.group) <= 1:
             return complete
@@ -51,7 +53,7 @@ class StepAgreement:
                 self._side = dist.new_group(dist.get_process_group_ranks(self.group), backend="gloo",
                                             use_local_synchronization=True)
         flag = torch.tensor([1 if complete else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._side)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX if any_rank else dist.ReduceOp.MIN, group=self._side)
         return bool(flag.item())
 
 
@@ -82,3 +84,48 @@ def agreed_steps(groups, delivered: dict, rows_per_lane_step: int, agreement: St
             on_drop(sum(m["rows"] for g in rest if g is not None for m, _ in g if m.get("last", True)))
             return
         yield from buffered
+
+
+def padded_steps(groups, lanes, entries, rows_per_lane_step: int, micro_batch_size: int, agreement: StepAgreement,
+                 padding):
+    """Release ``groups`` (as ``agreed_steps``) step by step while some rank holds a row of the step, filling
+    each (step, micro-batch) with a padding item for every lane of ``lanes`` that has none.
+
+    entries: the rank's checkpoint lane entries at the start (which (step, micro) each lane owes next);
+    padding(lane, step, micro, state) -> ``(meta, payload)``: a micro-batch of padding rows for ``lane``
+    whose checkpoint entry becomes ``state`` (the lane's last entry with the padding counted)."""
+    it = itertools.chain(groups, [None])
+    group = next(it)
+    state = {e["lane"]: dict(e) for e in entries}
+    micros = rows_per_lane_step // micro_batch_size
+
+    def owes(lane, step, micro):  # the lane has not delivered (step, micro) yet
+        return state[lane]["delivered_rows"] < step * rows_per_lane_step + (micro + 1) * micro_batch_size
+
+    step = min(e["delivered_rows"] for e in entries) // rows_per_lane_step
+    while True:
+        buffered = {}
+        if group is not None and group[0][0]["step"] < step:
+            raise RuntimeError(f"lane items of step {group[0][0]['step']} arrived after step {step} was released")
+        while group is not None and group[0][0]["step"] == step:
+            buffered[group[0][0]["micro"]] = group
+            group = next(it)
+        if not agreement.agree(bool(buffered), any_rank=True):
+            return
+        for micro in range(micros):
+            got = {}
+            for meta, payload in buffered.get(micro, ()):
+                got.setdefault(meta["lane"], []).append((meta, payload))
+                if meta.get("last", True):
+                    state[meta["lane"]] = dict(meta["state"])
+            out = []
+            for lane in lanes:
+                if lane in got:
+                    out.extend(got[lane])
+                elif owes(lane, step, micro):
+                    entry = dict(state[lane], delivered_rows=(step * micros + micro + 1) * micro_batch_size)
+                    state[lane] = entry
+                    out.append(padding(lane, step, micro, entry))
+            if out:
+                yield out
+        step += 1

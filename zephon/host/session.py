@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 
 from .. import checkpoint as ckpt
-from .agreement import StepAgreement, _dist, agreed_steps
+from ..ops.batch import padding_micro_batch
+from .agreement import StepAgreement, _dist, agreed_steps, padded_steps
 from .assembly import StepAssembly
 from .progress import Progress, initial_state
 from .shares import worker_lanes
@@ -32,6 +33,10 @@ class RankSession:
             the whole job).
         agree_end: False when the host itself stops every rank at the same step (a step count known in
             advance, such as Mosaic's epoch length): ``groups`` then takes no per-step vote.
+    A finite pass without drop_last ends with padding micro-batches where a lane (of this rank, or of a rank
+    that ran out) has no row, so every rank delivers the same steps, unless the loader says ``pad_tail=False``
+    (the host's items are not plain micro-batches, e.g. a TaskEncoder's batches): the ranks then stop at the
+    first step some rank lacks, the rest counted.
     Attributes: ``loader`` (the template), ``dropped_rows`` (rows of a finite pass's incomplete tail, in
     every worker and rank agreement). Picklable (host workers get a copy; the agreement is not sent).
     Raises what ``Loader`` raises (``TopologyError``, ``ValueError``, ``CheckpointError``)."""
@@ -39,6 +44,7 @@ class RankSession:
     def __init__(self, make_loader, *, agreement_group=None, agree_end: bool = True):
         self._make = make_loader
         self._agree_end = agree_end
+        self._template = None  # a delivered micro-batch: the shape of padding
         self.loader = make_loader(None, "inline", 1)
         self.progress = Progress(self.loader)
         self.dropped_rows = 0
@@ -58,7 +64,7 @@ class RankSession:
     @property
     def finite_drop_last(self) -> bool:
         """A finite pass whose incomplete last step is dropped: ranks must agree where it ends."""
-        return self.loader.source.exhaustion == "stop" and self.loader.batch.drop_last
+        return self.loader.finite and self.loader.batch.drop_last
 
     # -- worker side ------------------------------------------------------------------------------
     def worker_loader(self, num_workers: int = 0, worker_id: int = 0, runner="inline", workers: int = 1):
@@ -86,7 +92,7 @@ class RankSession:
         try:
             for mb in L:
                 meta = {"lane": mb.pop("__lane__"), "step": mb.pop("__step__"), "micro": mb.pop("__micro__"),
-                        "rows": mb.pop("__rows__"), "state": mb.pop("__state__")}
+                        "rows": mb.pop("__rows__"), "state": mb.pop("__state__"), "pad": mb.pop("__pad__", 0)}
                 payloads = [mb] if finish is None else list(finish(mb))
                 if not payloads:
                     yield dict(meta, last=True, skip=True), None
@@ -115,11 +121,18 @@ class RankSession:
                 if "dropped_rows" in meta:  # a worker's lanes ended inside a step (drop_last)
                     self.dropped_rows += meta["dropped_rows"]
                     continue
+                if self._template is None and isinstance(payload, dict) and not meta.get("skip"):
+                    self._template = payload
                 yield from asm.add(meta["step"], meta["micro"], meta["lane"], (meta, payload), last=meta["last"])
             yield from asm.finish()
 
-        finite = L.source.exhaustion == "stop" and self._agree_end
+        finite = L.finite and self._agree_end
         dist = _dist()
+        if finite and not L.batch.drop_last and L.pad_tail:
+            if self._agreement is None:
+                self._agreement = StepAgreement(self._agreement_group)
+            return padded_steps(ordered(), L.rank_lanes, start, L.rows_per_lane_step, L.batch.micro_batch_size,
+                                self._agreement, self._padding)
         if not finite or not (L.batch.drop_last or (dist is not None and dist.get_world_size() > 1)):
             return ordered()
         if self._agreement is None:
@@ -128,6 +141,17 @@ class RankSession:
         on_drop = self._count_dropped if L.batch.drop_last else self._count_uneven_tail
         return agreed_steps(ordered(), delivered, L.rows_per_lane_step, self._agreement, on_drop,
                             whole_steps=L.batch.drop_last)
+
+    def _padding(self, lane: int, step: int, micro: int, state: dict):
+        """A padding item for ``lane`` at (``step``, ``micro``) (``padded_steps``), shaped like a delivered one."""
+        m = self.loader.batch.micro_batch_size
+        if self._template is None:
+            raise RuntimeError(f"rank lanes {self.rank_lanes} delivered no micro-batch before the finite pass ended, "
+                               f"so the padding of its last steps (drop_last=False) has no shape to copy; use "
+                               f"drop_last=True or fewer canonical_replicas")
+        meta = {"lane": lane, "step": step, "micro": micro, "rows": m, "state": state, "last": True, "skip": False,
+                "pad": m}
+        return meta, padding_micro_batch(self._template, m)
 
     def _count_dropped(self, rows: int) -> None:
         self.dropped_rows += rows
@@ -201,3 +225,4 @@ class RankSession:
         self.loader.restore(state)
         self.progress.reset()
         self.dropped_rows = 0
+        self._template = None

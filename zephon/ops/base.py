@@ -31,6 +31,10 @@ class Operator:
     def fingerprint(self) -> dict:
         return {"op": self.name}
 
+    #: An accumulator that only reorders or holds records, never changes one (a shuffle buffer): records
+    #: carried across a sentinel by a later accumulator are regenerated without it.
+    reorders_only = False
+
     @property
     def stateful(self) -> bool:
         return hasattr(self, "new_accumulator")
@@ -42,7 +46,12 @@ class Accumulator:
     ``push(record) -> list[record]`` returns what is ready; ``flush() -> list[record]`` empties the
     state at a flush sentinel (or the end of the lane) and returns everything left, so after a flush
     the accumulator is as new. Outputs must be a pure function of the records pushed since the last
-    flush and their order."""
+    flush and their order.
+
+    An accumulator may also carry state across a flush sentinel: ``carry() -> (records, held)`` emits what
+    it must and returns ``held``, lists of the records it keeps (named by identity in the checkpoint), and
+    ``resume(held)`` rebuilds that state from the same records regenerated. Its outputs are then a pure
+    function of the carried records and those pushed since (``ops.pack.PackAccumulator``)."""
 
     def push(self, record: dict) -> list[dict]:
         raise NotImplementedError

@@ -11,9 +11,13 @@ import numpy as np
 from .base import Operator
 
 
+LABEL_PAD = -100  # the label a loss ignores (torch's cross_entropy ignore_index)
+
+
 class Batch(Operator):
-    """Terminal operator: ``micro_batch_size`` rows per micro-batch; ``drop_last`` drops (and counts) a
-    lane's final incomplete step at the end of a finite stream instead of yielding a short one.
+    """Terminal operator: ``micro_batch_size`` rows per micro-batch. At the end of a finite stream,
+    ``drop_last`` drops (and counts) the incomplete last step; without it the last step is delivered with
+    padding rows (``padding_row``) where a lane has no row left, so every lane and rank has the same steps.
     ``micro_batch_size`` is a runtime knob (not in the checkpoint identity); ``drop_last`` is."""
 
     name = "batch"
@@ -39,3 +43,35 @@ def collate(rows: list[dict]) -> dict:
         else:
             out[k] = vals
     return out
+
+
+def padding_row(template: dict) -> dict:
+    """A row that trains nothing, shaped like ``template`` (a delivered row): numpy arrays of the same shape
+    and dtype filled with 0, except ``labels`` (``LABEL_PAD`` where the dtype is signed) and
+    ``attention_mask`` (0: the marker of a padding row); ``num_tokens`` 0, ``__src__`` an empty list,
+    strings empty, other numbers 0."""
+    row = {}
+    for k, v in template.items():
+        if k == "cu_seqlens" and isinstance(v, np.ndarray):
+            row[k] = np.zeros(1, dtype=v.dtype)  # no document: the same on every rank, whatever was copied
+        elif isinstance(v, np.ndarray):
+            fill = LABEL_PAD if k == "labels" and np.issubdtype(v.dtype, np.signedinteger) else 0
+            row[k] = np.full_like(v, fill)
+        elif k == "__src__" or isinstance(v, (list, tuple)):
+            row[k] = []
+        elif isinstance(v, str):
+            row[k] = ""
+        elif isinstance(v, bytes):
+            row[k] = b""
+        else:
+            row[k] = type(v)() if isinstance(v, (int, float, bool, np.generic)) else None
+    if "attention_mask" not in row and isinstance(template.get("input_ids"), np.ndarray):
+        row["attention_mask"] = np.zeros(template["input_ids"].shape, dtype=np.uint8)
+    return row
+
+
+def padding_micro_batch(template: dict, rows: int) -> dict:
+    """A micro-batch of ``rows`` padding rows shaped like a row of ``template`` (a collated micro-batch whose
+    bookkeeping keys, ``__lane__`` and the like, are removed first)."""
+    first = {k: v[0] for k, v in template.items() if not k.startswith("__") or k == "__src__"}
+    return collate([padding_row(first)] * rows)

@@ -61,6 +61,7 @@ class EnsureMixture(Operator):
     the most-behind dataset that has one. Flush releases everything in deficit order."""
 
     name = "ensure_mixture"
+    reorders_only = True
 
     def __init__(self, weights, buffer_size: int = 256):
         total = float(sum(weights))

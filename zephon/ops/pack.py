@@ -4,7 +4,14 @@ Documents (``input_ids`` of at most ``max_length`` tokens; split longer ones wit
 ``Tokenize(max_length=...)``) go into open bins of capacity ``max_length``. ``best_fit`` puts a document
 in the open bin with the least room that still fits it, ``first_fit`` in the oldest bin that fits.
 A bin is emitted when exactly full, or, when more than ``max_open_bins`` are open, the fullest one is
-emitted (oldest on ties). A flush emits every open bin, oldest first.
+emitted (oldest on ties).
+
+At a flush sentinel the open bins are carried into the next span instead of being padded out: the
+fullest are emitted until at most ``max_carry`` documents stay open, and the rest are named in the lane's
+checkpoint by identity (``(position, piece)``, a few dozen integers), so a resume re-reads them. At the
+end of a lane (or a flush with nothing to carry into) the open bins' documents are re-packed, longest
+first, into as few rows as first fit finds, so a finite pass ends on about one partly filled row.
+See docs/concepts.md (packing).
 """
 from __future__ import annotations
 
@@ -24,6 +31,8 @@ class Pack(Operator):
         max_length: tokens per row (default 2048).
         method: ``"best_fit"`` or ``"first_fit"``.
         max_open_bins: bins kept open before the fullest is emitted (memory and padding trade-off).
+        max_carry: documents of open bins carried across a flush sentinel (each costs one integer, or
+            two for a piece of a split document, in every lane's checkpoint); 0 pads every bin out there.
         pad_id: token id for padding; ``label_pad``: label at padding and at each document's first token
             (so no position learns to predict across a document boundary).
     Output rows (numpy arrays of length ``max_length``): ``input_ids`` int32, ``labels`` int32 (equal to
@@ -34,20 +43,23 @@ class Pack(Operator):
 
     name = "pack"
 
-    def __init__(self, max_length: int = 2048, method: str = "best_fit", max_open_bins: int = 8,
-                 pad_id: int = 0, label_pad: int = -100):
+    def __init__(self, max_length: int = 2048, method: str = "best_fit", max_open_bins: int = 32,
+                 pad_id: int = 0, label_pad: int = -100, max_carry: int = 64):
         if method not in PACK_METHODS:
             raise ValueError(f"pack method must be one of {PACK_METHODS}, got {method!r}")
         if max_length < 1 or max_open_bins < 1:
             raise ValueError("max_length and max_open_bins must be >= 1")
+        if not isinstance(max_carry, int) or max_carry < 0:
+            raise ValueError(f"max_carry must be an int >= 0, got {max_carry!r}")
         if pad_id < 0:
             raise ValueError(f"pad_id must be a token id >= 0, got {pad_id}")
         self.max_length, self.method, self.max_open_bins = max_length, method, max_open_bins
-        self.pad_id, self.label_pad = pad_id, label_pad
+        self.pad_id, self.label_pad, self.max_carry = pad_id, label_pad, max_carry
 
     def fingerprint(self) -> dict:
         return {"op": self.name, "max_length": self.max_length, "method": self.method,
-                "max_open_bins": self.max_open_bins, "pad_id": self.pad_id, "label_pad": self.label_pad}
+                "max_open_bins": self.max_open_bins, "pad_id": self.pad_id, "label_pad": self.label_pad,
+                "max_carry": self.max_carry}
 
     def new_accumulator(self, lane: int) -> "PackAccumulator":
         return PackAccumulator(self)
@@ -101,13 +113,48 @@ class PackAccumulator(Accumulator):
         return None
 
     def flush(self) -> list[dict]:
-        out = [self._emit(bid) for bid in list(self.bins)]
+        """Re-pack the open bins' documents, longest first (ties in their order), first fit into new bins,
+        and emit every one: about one partly filled row instead of one per open bin."""
+        docs = [d for bid in self.bins for d in self.bins[bid]]
         self._reset()
-        return out
+        docs.sort(key=lambda d: -d["input_ids"].size)  # stable: equal lengths keep their order
+        fill: list[int] = []
+        packed: list[list] = []
+        for d in docs:
+            n = d["input_ids"].size
+            k = next((i for i, used in enumerate(fill) if used + n <= self.cap), len(fill))
+            if k == len(fill):
+                fill.append(0)
+                packed.append([])
+            fill[k] += n
+            packed[k].append(d)
+        return [self._row(group) for group in packed]
+
+    def carry(self) -> tuple[list[dict], list[list[dict]]]:
+        """At a flush sentinel: emit the fullest bins (oldest on ties) until at most ``max_carry`` documents
+        are open; return ``(rows, bins)``, ``bins`` the open bins' documents, oldest bin first, to be named
+        in the checkpoint (``resume`` rebuilds the same state from them)."""
+        out = []
+        while sum(len(b) for b in self.bins.values()) > self.op.max_carry:
+            out.append(self._emit(self.by_room.pop(0)[1]))
+        return out, [list(self.bins[bid]) for bid in self.bins]
+
+    def resume(self, bins: list[list[dict]]) -> None:
+        """Open ``bins`` (lists of documents, as ``carry`` returned them) in that order, as if carried."""
+        self._reset()
+        for docs in bins:
+            bid = self.next_id
+            self.next_id += 1
+            self.bins[bid] = list(docs)
+            self.room[bid] = self.cap - sum(d["input_ids"].size for d in docs)
+            insort(self.by_room, (self.room[bid], bid))
 
     def _emit(self, bid: int) -> dict:
-        docs = self.bins.pop(bid)
         self.room.pop(bid)
+        return self._row(self.bins.pop(bid))
+
+    def _row(self, docs: list[dict]) -> dict:
+        """One packed row of ``docs`` (in order), padded to ``max_length``."""
         cap = self.cap
         lens = [d["input_ids"].size for d in docs]
         used = sum(lens)

@@ -30,6 +30,7 @@ class Shuffle(Operator):
     order also given by the identity hash."""
 
     name = "shuffle"
+    reorders_only = True
 
     def __init__(self, buffer_size: int = 1024, seed: int = 0):
         if buffer_size < 1:

@@ -4,7 +4,9 @@ Random access is the point: position ``i`` of a shuffled order is ``perm(i)`` wi
 chunk of any lane can be regenerated from ``(lane, chunk_id)`` and checkpoints never store orders.
 Construction: a 4-round balanced Feistel network over the smallest even bit width covering ``n``,
 with cycle walking (re-apply while the value is ``>= n``); the round function is the splitmix64
-finaliser. Vectorised with numpy (uint64, wrap-around arithmetic).
+finaliser. Vectorised with numpy (uint64, wrap-around arithmetic). Up to ``TABLE_MAX`` elements a
+Feistel network over so few bits reaches few permutations (identity up to 28x too often at n = 8), so
+small ``n`` use a Fisher-Yates table driven by the same hash instead.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import json
 import numpy as np
 
 _ROUNDS = 4
+TABLE_MAX = 64
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
@@ -45,7 +48,7 @@ class IndexPermutation:
     Raises ``IndexError`` for positions outside ``[0, n)``.
     """
 
-    __slots__ = ("n", "key", "_half", "_mask", "_round_keys")
+    __slots__ = ("n", "key", "_half", "_mask", "_round_keys", "_table")
 
     def __init__(self, n: int, key: int):
         if n < 0:
@@ -58,6 +61,15 @@ class IndexPermutation:
         self._mask = np.uint64((1 << (bits // 2)) - 1)
         self._round_keys = [mix64(np.array([(self.key + r + 1) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))[0]
                             for r in range(_ROUNDS)]
+        self._table = None
+        if 1 < self.n <= TABLE_MAX:  # Fisher-Yates: swap i with a hash-chosen j <= i, from the top down
+            base = self.key ^ 0x9E3779B97F4A7C15
+            draws = mix64(np.array([(base + i) & 0xFFFFFFFFFFFFFFFF for i in range(self.n)], dtype=np.uint64))
+            table = list(range(self.n))
+            for i in range(self.n - 1, 0, -1):
+                j = int(draws[i] % np.uint64(i + 1))
+                table[i], table[j] = table[j], table[i]
+            self._table = np.array(table, dtype=np.int64)
 
     def _feistel(self, x: np.ndarray) -> np.ndarray:
         left = x >> self._half
@@ -73,6 +85,8 @@ class IndexPermutation:
             raise IndexError(f"position out of range [0, {self.n})")
         if self.n <= 1:
             out = a.copy()
+        elif self._table is not None:
+            out = self._table[a]
         else:
             x = a.astype(np.uint64)
             x = self._feistel(x)

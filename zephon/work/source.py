@@ -3,7 +3,9 @@
 Pure and random-access: ``chunk(lane, chunk_id)`` is computed directly, so a checkpoint stores only
 chunk ids, never pointer lists. The global stream is the mixture of dataset passes; position ``t`` of
 it belongs to global chunk ``t // chunk_size``, and global chunk ``g`` belongs to lane
-``g % canonical_replicas`` as that lane's chunk ``g // canonical_replicas``.
+``g % canonical_replicas`` as that lane's chunk ``g // canonical_replicas``. A finite stream's last
+round (fewer positions than ``canonical_replicas * chunk_size``) is split evenly instead: every lane's
+last chunk holds an equal share, to within one position, so no lane ends a pass far ahead of another.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import numpy as np
 from .mixture import Mixture
 from .permute import IndexPermutation, derive_key
 
-EXHAUSTION_POLICIES = ("repeat", "stop")
+EXHAUSTION_POLICIES = ("repeat", "stop", "fill")
 
 
 @dataclass(frozen=True)
@@ -54,14 +56,17 @@ class WorkSource:
         shuffle: permute shard order and samples each pass (a different permutation per pass).
         shuffle_block_size: None = permute samples within each shard; an int B = permute within
             consecutive blocks of B samples of the pass's shard-shuffled concatenation (spans shards).
-        exhaustion: ``"repeat"`` (each dataset restarts with a new pass: an endless stream) or
-            ``"stop"`` (the stream ends just before any dataset would start its second pass).
+        exhaustion: ``"repeat"`` (each dataset restarts with a new pass: an endless stream), ``"stop"``
+            (the stream ends just before any dataset would start its second pass) or ``"fill"`` (as
+            ``"stop"``, then extended to a multiple of ``fill_multiple`` positions by repeating the pass's
+            first positions' samples: Mosaic's epoch, every sample at least once).
+        fill_multiple: positions the ``"fill"`` stream's length is a multiple of (a global batch).
     Raises ``ValueError`` on an empty dataset list, a dataset with no samples, bad weights or options.
     """
 
     def __init__(self, datasets, weights=None, *, seed: int = 0, canonical_replicas: int = 1,
                  chunk_size: int = 1024, shuffle: bool = True, shuffle_block_size: int | None = None,
-                 exhaustion: str = "repeat"):
+                 exhaustion: str = "repeat", fill_multiple: int = 1):
         if not datasets:
             raise ValueError("WorkSource needs at least one dataset")
         if weights is None:
@@ -75,6 +80,8 @@ class WorkSource:
             raise ValueError(f"canonical_replicas and chunk_size must be >= 1, got {canonical_replicas}, {chunk_size}")
         if exhaustion not in EXHAUSTION_POLICIES:
             raise ValueError(f"exhaustion must be one of {EXHAUSTION_POLICIES}, got {exhaustion!r}")
+        if not isinstance(fill_multiple, int) or fill_multiple < 1:
+            raise ValueError(f"fill_multiple must be an int >= 1, got {fill_multiple!r}")
         if shuffle_block_size is not None and shuffle_block_size < 1:
             raise ValueError(f"shuffle_block_size must be >= 1 or None, got {shuffle_block_size}")
         self.datasets = list(datasets)
@@ -90,7 +97,14 @@ class WorkSource:
         self.shuffle = bool(shuffle)
         self.shuffle_block_size = shuffle_block_size
         self.exhaustion = exhaustion
-        self.total_positions = self._stop_length() if exhaustion == "stop" else None
+        self.fill_multiple = fill_multiple if exhaustion == "fill" else 1
+        self.pass_positions = None if exhaustion == "repeat" else self._stop_length()
+        if self.pass_positions == 0:
+            raise ValueError("a finite pass over these datasets and weights holds no position (a dataset with a "
+                             "tiny weight and few samples ends it at once)")
+        self.total_positions = None if self.pass_positions is None else \
+            -(-self.pass_positions // self.fill_multiple) * self.fill_multiple
+        self.fill_positions = 0 if self.total_positions is None else self.total_positions - self.pass_positions
         self._pass_layout = lru_cache(maxsize=64)(self._pass_layout_uncached)
 
     # A per-instance cache is not picklable: rebuild it (host loaders ship sources to spawned workers).
@@ -111,6 +125,7 @@ class WorkSource:
             "shuffle": self.shuffle,
             "shuffle_block_size": self.shuffle_block_size,
             "exhaustion": self.exhaustion,
+            **({"fill_multiple": self.fill_multiple} if self.exhaustion == "fill" else {}),
             "weights": self.mixture.weights,
             "datasets": [d.fingerprint() for d in self.datasets],
         }
@@ -132,23 +147,30 @@ class WorkSource:
             limits.append(lo)
         return min(limits)
 
+    def _tail(self):
+        """``(full_rounds, base, q, r)`` of a finite stream: ``full_rounds`` rounds of whole chunks, then the
+        rest from position ``base`` split into one last chunk per lane, ``q + 1`` positions for lanes below
+        ``r`` and ``q`` for the others, in lane order."""
+        C, S = self.canonical_replicas, self.chunk_size
+        full = self.total_positions // (C * S)
+        base = full * C * S
+        q, r = divmod(self.total_positions - base, C)
+        return full, base, q, r
+
     def num_chunks(self, lane: int) -> int | None:
         """Chunks lane ``lane`` will ever have (None for an endless stream)."""
         if self.total_positions is None:
             return None
-        global_chunks = -(-self.total_positions // self.chunk_size)
-        return max(0, -(-(global_chunks - lane) // self.canonical_replicas))
+        full, _, q, r = self._tail()
+        return full + (q + (lane < r) > 0)
 
     def lane_positions(self, lane: int) -> int | None:
-        """Pointers lane ``lane`` gets in a finite stream (None for an endless one): whole chunks, the
-        last global chunk possibly short."""
+        """Pointers lane ``lane`` gets in a finite stream (None for an endless one): its whole chunks and
+        its share of the last round (the lanes' counts differ by at most one)."""
         if self.total_positions is None:
             return None
-        n = self.num_chunks(lane)
-        if n == 0:
-            return 0
-        last = (n - 1) * self.canonical_replicas + lane  # the lane's last global chunk
-        return (n - 1) * self.chunk_size + min(self.chunk_size, self.total_positions - last * self.chunk_size)
+        full, _, q, r = self._tail()
+        return full * self.chunk_size + q + (lane < r)
 
     # -- random access ------------------------------------------------------------------------
     def chunk(self, lane: int, chunk_id: int) -> ChunkPointers:
@@ -157,17 +179,20 @@ class WorkSource:
             raise IndexError(f"lane {lane} outside [0, {self.canonical_replicas})")
         if chunk_id < 0:
             raise IndexError(f"chunk_id must be >= 0, got {chunk_id}")
-        g = chunk_id * self.canonical_replicas + lane
-        start = g * self.chunk_size
+        start = (chunk_id * self.canonical_replicas + lane) * self.chunk_size
         stop = start + self.chunk_size
         if self.total_positions is not None:
-            stop = min(stop, self.total_positions)
-            start = min(start, stop)
+            full, base, q, r = self._tail()
+            if chunk_id >= full:  # the evenly split last round, or past the end
+                start = base + lane * q + min(lane, r) if chunk_id == full else self.total_positions
+                stop = start + (q + (lane < r) if chunk_id == full else 0)
         return self.pointers(lane, chunk_id, np.arange(start, stop, dtype=np.int64))
 
     def pointers(self, lane: int, chunk_id: int, positions: np.ndarray) -> ChunkPointers:
-        """Resolve global stream positions to sample pointers."""
-        ds, draws = self.mixture.assign(positions)
+        """Resolve global stream positions to sample pointers. A ``"fill"`` stream's positions past the
+        pass resolve as the pass's first positions (the repeats), keeping their own position as identity."""
+        drawn = positions if not self.fill_positions else positions % self.pass_positions
+        ds, draws = self.mixture.assign(drawn)
         shard_ids = np.empty_like(positions)
         sample_idx = np.empty_like(positions)
         passes = np.empty_like(positions)

@@ -15,10 +15,12 @@ import numpy as np
 from ..base import BrokenShard, Dataset, ShardInfo
 from ..errors import DataError
 from ..fileio import PreadFile
+from ..remote import is_remote, local_path
 from . import wds
 from .fields import split_field_access
 from .nvmeta import read_dataset_config, read_info, read_split, resolve_part_filter
 from .reader import ShardMeta, TarShardReader
+from .remote import open_remote_root
 from .subset import as_subset, subset_bounds
 from .tar_index import itar_path, list_keys, read_tar_index
 
@@ -37,8 +39,9 @@ class EnergonDataset(Dataset):
 
     def __init__(self, name, shards, metas, *, root, split_part, energon, on_error="raise", decode=True,
                  image_decode=wds.DEFAULT_IMAGE_DECODE, allow_unsafe_types=False, part_filter=None,
-                 n_excluded=0):
+                 n_excluded=0, remote=None):
         super().__init__(name, shards, on_error=on_error)
+        self.remote = remote  # energon.remote.RemoteTars at a URL (root: the local copy of .nv-meta), else None
         self.metas: tuple[ShardMeta, ...] = tuple(metas)
         self.root, self.split_part, self.energon = root, split_part, energon
         self.decode, self.image_decode, self.allow_unsafe_types = decode, image_decode, allow_unsafe_types
@@ -52,6 +55,17 @@ class EnergonDataset(Dataset):
     def __repr__(self):
         return (f"EnergonDataset(name={self.name!r}, split_part={self.split_part!r}, shards={len(self.shards)}, "
                 f"num_samples={self.num_samples}, excluded={self.n_excluded}, on_error={self.on_error!r})")
+
+    def _check_unchanged(self, shard_id: int, info: ShardInfo) -> None:
+        if self.remote is None:  # a remote tar is read by range: its .tar.idx bounds every read
+            super()._check_unchanged(shard_id, info)
+
+    def tar_access(self, shard_id: int):
+        """``(tar bytes, local .tar.idx path, pread)`` of shard ``shard_id`` (a URL's: ranged GETs)."""
+        meta = self.metas[shard_id]
+        if self.remote is not None:
+            return self.shards[shard_id].size_bytes, self.remote.tar_index(meta.name), self.remote.pread(meta.name)
+        return os.stat(meta.path).st_size, itar_path(meta.path), PreadFile(meta.path)
 
     def _make_reader(self, shard_id: int):  # base.Dataset hook: opened lazily, once per process
         def open_reader():
@@ -125,7 +139,7 @@ class EnergonDataset(Dataset):
         ds = EnergonDataset(self.name, shards, metas, root=self.root, split_part=self.split_part, energon=self.energon,
                             on_error=self.on_error, decode=self.decode, image_decode=self.image_decode,
                             allow_unsafe_types=self.allow_unsafe_types, part_filter=self.part_filter,
-                            n_excluded=self.n_excluded)
+                            n_excluded=self.n_excluded, remote=self.remote)
         ds.subset = {"bounds": (start, end), **subset}
         return ds
 
@@ -139,7 +153,8 @@ class EnergonDataset(Dataset):
 def open_energon(source, *, split_part: str = "train", name: str | None = None, on_error: str = "raise",
                  split_config: str = "split.yaml", dataset_config: str = "dataset.yaml", decode: bool | None = None,
                  image_decode: str | None = None, allow_unsafe_types: bool = False, part_filter="auto",
-                 subset=None, columns=None, cache_dir=None) -> EnergonDataset:
+                 subset=None, columns=None, cache_dir=None, local: str | None = None, download_retry: int = 2,
+                 download_timeout: float = 60.0, cache_limit=None) -> EnergonDataset:
     """Open split part ``split_part`` of an Energon-prepared WebDataset root.
 
     source: the dataset root (a directory holding ``.nv-meta/``). split_part: e.g. "train", "val".
@@ -155,6 +170,9 @@ def open_energon(source, *, split_part: str = "train", name: str | None = None, 
     subset: a metadataset leaf's subset (``load_metadataset(...)[i]["subset"]``) or a YAML entry
     ``{"range": ["10%", "60%"]}`` / ``{"range": [100, "end"]}``; see ``EnergonDataset.with_subset``.
     columns / cache_dir: accepted for ``open_dataset``'s signature; columns must be None.
+    local, download_retry, download_timeout, cache_limit: for a root at an ``s3://`` / ``msc://`` URL
+        (``energon.remote``, docs/remote.md): where ``.nv-meta/`` and the ``.tar.idx`` files are cached (tars are
+        read by byte range, never downloaded), re-attempts and seconds per attempt of each request, cache bytes.
 
     Work at open time: reads .nv-meta, stats every tar and checks that its ``.tar.idx`` exists; for a
     shard with ``<shard>/<key>`` excludes, lists its keys (index.sqlite, else one header read per
@@ -178,7 +196,14 @@ def open_energon(source, *, split_part: str = "train", name: str | None = None, 
     subset = as_subset(subset)  # a malformed subset fails before any file is read
     if isinstance(part_filter, str) and part_filter != "auto":
         part_filter = [part_filter]
-    root = os.path.abspath(os.fspath(source))
+    remote, source = None, local_path(source)
+    if is_remote(source):
+        remote = open_remote_root(os.fspath(source), local=local, cache_dir=cache_dir, download_retry=download_retry,
+                                  download_timeout=download_timeout, cache_limit=cache_limit,
+                                  split_config=split_config, dataset_config=dataset_config)
+        root = remote.root.local
+    else:
+        root = os.path.abspath(os.fspath(source))
     if not os.path.isdir(root):
         raise DataError("no such directory", path=root)
     counts = read_info(root)
@@ -197,21 +222,35 @@ def open_energon(source, *, split_part: str = "train", name: str | None = None, 
     names = [n for n in parts[split_part] if n not in excl]
     if not names:
         raise DataError(f"split part {split_part!r} has no shards (after exclude)", path=split_path)
-    metas, shards = _split_shards(root, counts, names, {e for e in excl if "/" in e}, split_part, split_path)
+    metas, shards = _split_shards(root, counts, names, {e for e in excl if "/" in e}, split_part, split_path,
+                                  remote)
     if name is None:
-        name = os.path.basename(root) + f"/{split_part}"
+        name = os.path.basename(remote.root.url if remote else root) + f"/{split_part}"
     ds = EnergonDataset(name, shards, metas, root=root, split_part=split_part, energon=energon, on_error=on_error,
                         decode=decode, image_decode=image_decode, allow_unsafe_types=allow_unsafe_types,
                         part_filter=resolve_part_filter(energon, part_filter),
-                        n_excluded=sum(m.raw_count - m.num_samples for m in metas))
+                        n_excluded=sum(m.raw_count - m.num_samples for m in metas), remote=remote)
     return ds.with_subset(subset)
 
 
-def _split_shards(root, counts, names, sample_excl, split_part, split_path) -> tuple[list[ShardMeta], list[ShardInfo]]:
+def _remote_tar(remote, n: str, shard: int) -> tuple[str, int]:
+    """``(URL, bytes)`` of tar ``n`` of a remote root; DataError when it or its ``.tar.idx`` is not there."""
+    url = remote.root.url_of(n)
+    if remote.size(n) is None:
+        raise DataError("shard listed in .nv-meta missing: no such object", path=url)
+    if remote.size(itar_path(n)) is None:
+        raise DataError(f"no tar index {os.path.basename(itar_path(n))} next to the tar: run `energon prepare` on "
+                        f"the dataset and upload the .tar.idx files", path=url, shard=shard)
+    return url, remote.size(n)
+
+
+def _split_shards(root, counts, names, sample_excl, split_part, split_path,
+                  remote=None) -> tuple[list[ShardMeta], list[ShardInfo]]:
     """``(metas, shard infos)`` of the split's tars ``names``, with ``<shard>/<key>`` excludes applied.
 
     counts: ``read_info``. sample_excl: the exclude entries naming one sample. split_part / split_path:
-    named in errors. Raises DataError for a shard unknown to .info.json, missing, or without ``.tar.idx``.
+    named in errors. remote: ``RemoteTars`` of a root at a URL (tars named by URL, sized by its listing).
+    Raises DataError for a shard unknown to .info.json, missing, or without ``.tar.idx``.
     """
     info_pos = {n: i for i, n in enumerate(counts)}
     metas, shards = [], []
@@ -220,6 +259,18 @@ def _split_shards(root, counts, names, sample_excl, split_part, split_path) -> t
         if n not in counts:
             raise DataError(f"split part {split_part!r} lists shard {n!r}, which .info.json does not know "
                             f"(re-run `energon prepare`)", path=split_path)
+        if remote is not None:
+            path, size = _remote_tar(remote, n, len(metas))
+            meta = ShardMeta(n, path, counts[n], offset, info_pos[n])
+            offset += counts[n]
+            wanted = {e[len(n) + 1:] for e in sample_excl if e.startswith(n + "/")}
+            if wanted and meta.raw_count:
+                off = read_tar_index(remote.tar_index(n), size, meta.raw_count, tar_path=path, shard=len(metas))
+                keys, _ = list_keys(root, meta.info_pos, off, remote.pread(n), tar_path=path, shard=len(metas))
+                _exclude(meta, keys, wanted)
+            metas.append(meta)
+            shards.append(ShardInfo(path, meta.num_samples, FORMAT, size, 0))
+            continue
         path = os.path.join(root, n)
         try:
             st = os.stat(path)
@@ -239,9 +290,15 @@ def _split_shards(root, counts, names, sample_excl, split_part, split_path) -> t
                 keys, _ = list_keys(root, meta.info_pos, off, pread, tar_path=path, shard=len(metas))
             finally:
                 pread.close()
-            drop = [i for i, k in enumerate(keys) if k in wanted]  # a key not in the tar is ignored, as in Energon
-            if drop:
-                meta.kept = np.setdiff1d(np.arange(meta.raw_count, dtype=np.int64), np.asarray(drop, dtype=np.int64))
+            _exclude(meta, keys, wanted)
         metas.append(meta)
         shards.append(ShardInfo(path, meta.num_samples, FORMAT, st.st_size, st.st_mtime_ns))
     return metas, shards
+
+
+def _exclude(meta: ShardMeta, keys: list[str], wanted: set) -> None:
+    """Drop the samples whose key is in ``wanted`` from ``meta.kept`` (a key not in the tar is ignored, as in
+    Energon)."""
+    drop = [i for i, k in enumerate(keys) if k in wanted]
+    if drop:
+        meta.kept = np.setdiff1d(np.arange(meta.raw_count, dtype=np.int64), np.asarray(drop, dtype=np.int64))

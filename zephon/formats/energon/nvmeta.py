@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 from ..errors import DataError
+from ..remote import is_remote, probe
 from .braces import braceexpand
 from .fields import split_field_access
 from .yamlio import read_config_file, read_yaml_file
@@ -28,10 +29,15 @@ INDEX_SQLITE = "index.sqlite"
 
 
 def is_energon_source(source) -> bool:
-    """True when ``source`` (a path; anything else gives False) is a directory holding ``.nv-meta/``."""
+    """True when ``source`` (a path; anything else gives False) is a directory holding ``.nv-meta/``, or an
+    object-storage URL with a ``.nv-meta/.info.json`` (or ``.info.yaml``) object below it (a HEAD request)."""
     if not isinstance(source, (str, os.PathLike)):
         return False
-    return os.path.isdir(os.path.join(os.fspath(source), MAIN_FOLDER))
+    s = os.fspath(source)
+    if is_remote(s):
+        base = s.rstrip("/") + "/" + MAIN_FOLDER + "/"
+        return probe(base + INFO_JSON) or probe(base + INFO_YAML)
+    return os.path.isdir(os.path.join(s, MAIN_FOLDER))
 
 
 def read_info(root: str) -> dict[str, int]:

@@ -14,14 +14,13 @@ against the index, decodes the parts (``wds.decode_part``) and maps ``field_map`
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Sequence
 
 from ..errors import DataError, per_sample
-from ..fileio import PreadFile, coalesce_runs
+from ..fileio import coalesce_runs
 from . import wds
 from .fields import field_access
-from .tar_index import itar_path, list_keys, parse_sample, read_tar_index
+from .tar_index import list_keys, parse_sample, read_tar_index
 
 
 class ShardMeta:
@@ -71,9 +70,9 @@ class TarShardReader:
         self.part_filter = ds.part_filter
         self.fields = ds._fields
         self.decode, self.image_decode, self.allow_unsafe = ds.decode, ds.image_decode, ds.allow_unsafe_types
-        size = os.stat(meta.path).st_size
-        self.off = read_tar_index(itar_path(meta.path), size, meta.raw_count, tar_path=meta.path, shard=shard_id)
-        self.pread = PreadFile(meta.path)
+        size, idx_path, pread = ds.tar_access(shard_id)
+        self.off = read_tar_index(idx_path, size, meta.raw_count, tar_path=meta.path, shard=shard_id)
+        self.pread = pread
         self.keys, _ = list_keys(ds.root, meta.info_pos, self.off, self.pread, tar_path=meta.path, shard=shard_id)
         first: dict[str, int] = {}
         self.dups: dict[str, list[int]] = {}

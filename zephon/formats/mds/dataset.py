@@ -14,8 +14,10 @@ from typing import Sequence
 from ..base import Dataset, ShardInfo
 from ..errors import DataError
 from .index import FORMAT, ShardMeta, data_file, find_index, parse_index
+from ..remote import is_remote, local_path
 from .integrity import hasher
 from .reader import MdsReader
+from .remote import RemoteShards, open_remote_index, remote_shard_info
 
 
 class MdsDataset(Dataset):
@@ -24,13 +26,16 @@ class MdsDataset(Dataset):
     ``shards[i].path`` is the file read (raw shard, or the compressed one), ``num_samples`` the
     index's ``samples``, ``size_bytes`` / ``mtime_ns`` that file's size and time when opened. Picklable
     (index entries and options only). ``fingerprint()`` comes from the index content, so it does not
-    change when a compressed shard gets decompressed or the data is copied elsewhere.
+    change when a compressed shard gets decompressed or the data is copied elsewhere (or read from a bucket).
+    remote: for a dataset at a URL, its ``mds.remote.RemoteShards`` (then ``shards[i].path`` is the object URL
+    and shards are read from the local cache); None for a local directory.
     """
 
     def __init__(self, name: str, shards: Sequence[ShardInfo], metas: Sequence[ShardMeta], *,
                  columns: Sequence[str] | None = None, on_error: str = "raise", cache_dir: str | None = None,
-                 split: str | None = None, validate_hash: str | None = None):
+                 split: str | None = None, validate_hash: str | None = None, remote: RemoteShards | None = None):
         super().__init__(name, shards, columns=columns, on_error=on_error, cache_dir=cache_dir)
+        self.remote = remote
         if len(metas) != len(self.shards):
             raise ValueError(f"{len(metas)} index entries for {len(self.shards)} shards")
         self.metas: tuple[ShardMeta, ...] = tuple(metas)
@@ -41,11 +46,19 @@ class MdsDataset(Dataset):
         return (f"MdsDataset(name={self.name!r}, shards={len(self.shards)}, num_samples={self.num_samples}, "
                 f"columns={self.columns!r}, split={self.split!r}, on_error={self.on_error!r})")
 
+    def _check_unchanged(self, shard_id: int, info: ShardInfo) -> None:
+        if self.remote is None:  # a remote shard's cached copy is checked by size (and hash) when fetched
+            super()._check_unchanged(shard_id, info)
+
     def _make_reader(self, shard_id: int):
         info, meta = self.shards[shard_id], self.metas[shard_id]
 
         def open_reader():
             try:
+                if self.remote is not None:  # validate_hash is checked on download, before the copy is visible
+                    self.remote.start_predownload(self.metas, getattr(self, "predownload", None))
+                    return MdsReader(meta, info.path, shard=shard_id, columns=self.columns,
+                                     file=self.remote.file(meta, shard_id))
                 return MdsReader(meta, info.path, shard=shard_id, columns=self.columns, cache_dir=self.cache_dir,
                                  validate_hash=self.validate_hash)
             except OSError as e:
@@ -68,7 +81,9 @@ class MdsDataset(Dataset):
 
 def open_mds(source, *, name: str | None = None, columns: Sequence[str] | None = None,
              cache_dir: str | None = None, on_error: str = "raise", split: str | None = None,
-             allow_unsafe_types: bool = False, validate_hash: str | None = None) -> MdsDataset:
+             allow_unsafe_types: bool = False, validate_hash: str | None = None, local: str | None = None,
+             download_retry: int = 2, download_timeout: float = 60.0, keep_zip: bool = False, cache_limit=None,
+             predownload: int | None = None) -> MdsDataset:
     """Open an MDS dataset written by ``streaming.MDSWriter`` (layout: ``index`` and ``reader`` modules).
 
     source: the dataset directory (holding ``index.json``), a root with split directories (then pass
@@ -82,7 +97,13 @@ def open_mds(source, *, name: str | None = None, columns: Sequence[str] | None =
     allow_unsafe_types: allow ``pkl`` columns (unpickling runs arbitrary code; not needed when
         ``columns`` leaves them out).
     validate_hash: a hash algorithm the index recorded (e.g. "sha1", "xxh64"); each shard file is
-        checked once per process, on first read.
+        checked once per process, on first read (at a URL: each download, before it enters the cache).
+    local, download_retry, download_timeout, keep_zip, cache_limit, predownload: for a ``source`` at an
+        object-storage URL (``s3://``, ``msc://``, ``gs://``), mosaicml-streaming's meanings (``mds.remote``,
+        docs/remote.md): the cache directory (default ``<cache_dir>/remote/<hash of the URL>``), re-attempts
+        and seconds per attempt of each request, keep the compressed copies, bytes (or ``"10gb"``) the cache
+        may hold (least recently used shards not being read are evicted), and samples' worth of shards a
+        background thread downloads ahead in index order (None or 0: only on demand). Local sources ignore them.
 
     Raises DataError (always, whatever on_error): no index.json (naming the splits when the root has
     some), a bad index.json, an unknown encoding or compression, a refused ``pkl`` column, a requested
@@ -93,6 +114,21 @@ def open_mds(source, *, name: str | None = None, columns: Sequence[str] | None =
     if isinstance(columns, str):
         columns = [columns]
     columns = tuple(columns) if columns is not None else None
+    source = local_path(source)
+    if is_remote(source):
+        root, metas = open_remote_index(os.fspath(source), split, local=local, cache_dir=cache_dir,
+                                        download_retry=download_retry, download_timeout=download_timeout,
+                                        cache_limit=cache_limit, allow_unsafe_types=allow_unsafe_types,
+                                        columns=columns)
+        if not metas:
+            raise DataError("index.json lists no shards", path=root.url_of("index.json"))
+        shards = [remote_shard_info(root, i, m, validate_hash) for i, m in enumerate(metas)]
+        if name is None:
+            name = os.path.basename(os.fspath(source).rstrip("/")) + (f"/{split}" if split is not None else "")
+        ds = MdsDataset(name, shards, metas, columns=columns, on_error=on_error, cache_dir=cache_dir, split=split,
+                        validate_hash=validate_hash, remote=RemoteShards(root, keep_zip, validate_hash))
+        ds.predownload = predownload
+        return ds
     index_path = find_index(source, split)
     metas = parse_index(index_path, allow_unsafe_types, columns)
     if not metas:

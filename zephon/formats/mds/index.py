@@ -21,6 +21,7 @@ from typing import Sequence
 
 from ..codecs import mds_codec
 from ..errors import DataError
+from ..remote import is_remote, probe
 from .encodings import UNSAFE_ENCODINGS, column_codec
 
 INDEX_BASENAME = "index.json"
@@ -224,8 +225,8 @@ def is_mds_source(source, split: str | None = None) -> bool:
     """Whether ``source`` looks like an MDS dataset, for format auto-detection. Cheap and never raises.
 
     source: what ``open_dataset`` was given. split: a split name (then True: only MDS has splits).
-    True for a directory holding a streaming ``index.json`` (a JSON object with ``version`` and a
-    ``shards`` list), such an index file itself, or a root whose split directories hold one.
+    True for a directory (or object-storage URL) holding a streaming ``index.json`` (a JSON object with
+    ``version`` and a ``shards`` list), such an index file itself, or a root whose split directories hold one.
     """
     if split is not None:
         return True
@@ -235,6 +236,9 @@ def is_mds_source(source, split: str | None = None) -> bool:
         s = os.fspath(source)
     except TypeError:
         return False
+    if is_remote(s):  # one HEAD request: an index.json at the URL
+        url = s.rstrip("/")
+        return probe(url if url.endswith("/" + INDEX_BASENAME) else url + "/" + INDEX_BASENAME)
     if os.path.isdir(s):
         if _looks_like_index(os.path.join(s, INDEX_BASENAME)):
             return True

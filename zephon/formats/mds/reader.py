@@ -36,7 +36,9 @@ class MdsReader:
     compressed one, which is then decompressed into ``cache_dir`` first. shard: shard id for error
     messages. columns: return only these columns, in this order (None = all, in index order).
     validate_hash: algorithm whose digest from index.json the file must match (checked once per
-    process per file). Opening raises DataError (naming file and shard) for a hash mismatch, corrupt
+    process per file). file: the raw shard's bytes as a ``pread(n, at)`` callable with ``size()`` and
+    ``close()`` (a remote shard's cached copy, ``path`` then only names it); None: read ``path``.
+    Opening raises DataError (naming file and shard) for a hash mismatch, corrupt
     compressed data, a header that is truncated or disagrees with index.json, or offsets that cannot be
     trusted (``integrity.sample_offsets``); OSError if unreadable.
     """
@@ -44,14 +46,14 @@ class MdsReader:
     format = FORMAT
 
     def __init__(self, meta: ShardMeta, path: str, *, shard: int | None = None, columns: Sequence[str] | None = None,
-                 cache_dir: str | None = None, validate_hash: str | None = None):
+                 cache_dir: str | None = None, validate_hash: str | None = None, file=None):
         self.meta = meta
         self.path = path
         self.shard = shard
         self.columns = tuple(columns) if columns is not None else None
-        self._file: PreadFile | None = None
+        self._file: PreadFile | None = file
         self._mem: bytes | None = None
-        compressed = meta.zip is not None and path == meta.zip_path
+        compressed = file is None and meta.zip is not None and path == meta.zip_path
         if validate_hash:
             entry = meta.zip if compressed else meta.raw
             check_hash(path, validate_hash, entry.hashes[validate_hash], shard,
@@ -66,7 +68,8 @@ class MdsReader:
                 elif digest_bytes(self._mem, validate_hash) != meta.raw.hashes[validate_hash].lower():
                     raise DataError(f"{validate_hash} checksum mismatch after decompression", path=path, shard=shard)
         if self._mem is None:
-            self._file = PreadFile(self.read_path)
+            if self._file is None:
+                self._file = PreadFile(self.read_path)
             self.file_size = self._file.size()
         else:
             self.file_size = len(self._mem)

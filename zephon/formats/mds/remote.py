@@ -1,0 +1,144 @@
+"""MDS datasets at an object-storage URL, with mosaicml-streaming's ``remote`` / ``local`` semantics.
+
+``index.json`` is fetched into ``local`` (``<local>/index.json``, as streaming lays it out; ``split`` adds a
+directory on both sides); each shard is downloaded into ``local`` on its first read, by one thread of one
+process at a time. A compressed shard (``zip_data``) is downloaded and decompressed into its raw file there;
+the compressed copy is kept only with ``keep_zip``. ``validate_hash`` checks what was downloaded (and the
+decompressed bytes) before it becomes visible, so a corrupted object never enters the cache. A raw shard
+already in ``local`` with its indexed size is used as it is (e.g. left by a streaming run). Readers read
+the cached copy while pinned (``remote.cache``), so ``cache_limit`` eviction never removes a shard being read.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+from ..base import ShardInfo
+from ..codecs import iter_blocks, mds_codec
+from ..errors import DataError
+from ..remote import ObjectMissing, RemoteRoot, check_digest, hashing_writer, join
+from .index import FORMAT, INDEX_BASENAME, ShardMeta, parse_index
+from .integrity import hasher
+
+
+class RemoteShards:
+    """How an ``MdsDataset`` at a URL gets its shards: the ``RemoteRoot`` of its split, ``keep_zip`` and
+    ``validate_hash``. Picklable."""
+
+    def __init__(self, root: RemoteRoot, keep_zip: bool, validate_hash: str | None):
+        self.root, self.keep_zip, self.validate_hash = root, bool(keep_zip), validate_hash
+
+    def start_predownload(self, metas, samples: int) -> None:
+        """Once per process: a daemon thread downloads shards in index order until they hold ``samples``
+        samples, skipping cached ones and stopping where the next would need an eviction under
+        ``cache_limit`` (it never evicts). Reads run meanwhile; a shard both want is fetched once."""
+        if getattr(self, "_predownload_pid", None) == os.getpid() or not samples or samples <= 0:
+            return
+        self._predownload_pid = os.getpid()
+        threading.Thread(target=self._predownload, args=(list(metas), int(samples)), daemon=True,
+                         name="zephon-predownload").start()
+
+    def _predownload(self, metas, samples: int) -> None:
+        cache, done = self.root.cache, 0
+        for shard, meta in enumerate(metas):
+            if done >= samples:
+                return
+            done += meta.samples
+            if cache.ready(meta.raw.basename, meta.raw.bytes):
+                continue
+            need = meta.raw.bytes + (meta.zip.bytes if meta.zip is not None else 0)
+            if cache.limit is not None and cache.usage() + need > cache.limit:
+                return
+            try:
+                self.ensure(meta, shard)
+            except Exception:  # the read that needs this shard reports the error itself
+                return
+
+    def file(self, meta: ShardMeta, shard: int):
+        """A ``pread`` view of the shard's raw bytes in the cache (downloaded on first use, again if evicted)."""
+        url = self.root.url_of(meta.raw.basename)
+        from ..remote import CachedFile
+        return CachedFile(lambda: self.ensure(meta, shard), meta.raw.bytes, url)
+
+    def _check(self, entry):
+        algo = self.validate_hash
+        if algo and algo in entry.hashes:
+            return (lambda: hasher(algo)), entry.hashes[algo]
+        return None, None
+
+    def ensure(self, meta: ShardMeta, shard: int) -> str:
+        """Local path of the shard's raw file, downloading (and decompressing) it when missing."""
+        root, raw = self.root, meta.raw.basename
+        if meta.zip is None:
+            make, expected = self._check(meta.raw)
+            return root.ensure(raw, meta.raw.bytes, hasher=make, expected=expected, shard=shard)
+        cache = root.cache
+        if cache.ready(raw, meta.raw.bytes):
+            return cache.path(raw)
+        zip_url = root.url_of(meta.zip.basename)
+        with cache.lock(raw, zip_url):
+            if cache.ready(raw, meta.raw.bytes):
+                return cache.path(raw)
+            with cache.writing([(raw, meta.raw.bytes), (None, meta.zip.bytes)], zip_url) as (rf, zf):
+                make, expected = self._check(meta.zip)
+                w = hashing_writer(zf, make() if make else None)
+                root.fetcher.download(zip_url, w, meta.zip.bytes)
+                zf.flush()
+                check_digest(w.h, expected, zip_url, shard, "the downloaded compressed shard")
+                self._decompress(meta, zf.name, rf, zip_url, shard)
+                if self.keep_zip:  # the complete compressed copy, renamed into place whole
+                    os.replace(zf.name, cache.path(meta.zip.basename))
+        return cache.path(raw)
+
+    def _decompress(self, meta: ShardMeta, src: str, out, zip_url: str, shard: int) -> None:
+        codec, _ = mds_codec(meta.compression)
+        make, expected = self._check(meta.raw)
+        h = make() if make else None
+        w = hashing_writer(out, h)
+        size = 0
+        try:
+            for block in iter_blocks(src, codec=codec.name):
+                size += len(block)
+                if size > meta.raw.bytes:
+                    raise DataError(f"decompresses to more than raw_data.bytes={meta.raw.bytes} bytes",
+                                    path=zip_url, shard=shard)
+                w.write(block)
+        except DataError as e:
+            raise DataError(e.reason, path=zip_url, shard=shard) from None
+        if size != meta.raw.bytes:
+            raise DataError(f"decompresses to {size} bytes, index.json says raw_data.bytes={meta.raw.bytes}",
+                            path=zip_url, shard=shard)
+        check_digest(h, expected, zip_url, shard, "the decompressed shard")
+
+
+def open_remote_index(url: str, split: str | None, *, local: str | None, cache_dir: str | None, download_retry,
+                      download_timeout, cache_limit, allow_unsafe_types: bool, columns) -> tuple[RemoteRoot, list]:
+    """``(RemoteRoot of the split, parsed index entries)`` of the MDS dataset at ``url``.
+
+    url: the dataset URL (or its index.json). split: a split directory below it, or None. local: the cache
+    directory (``<local>/<split>`` holds the split, as in streaming). Raises DataError when there is no
+    index.json there, RemoteError naming the URL when it cannot be fetched.
+    """
+    if url.rstrip("/").endswith("/" + INDEX_BASENAME):
+        url = url.rstrip("/")[: -len(INDEX_BASENAME) - 1]
+    base = join(url, split) if split else url
+    if local is not None and split:
+        local = os.path.join(os.fspath(local), split)
+    root = RemoteRoot(base, local=local, download_retry=download_retry, download_timeout=download_timeout,
+                      cache_limit=cache_limit, cache_dir=cache_dir)
+    try:
+        index_path = root.metadata(INDEX_BASENAME)
+    except ObjectMissing:
+        raise DataError(f"no {INDEX_BASENAME} at this URL (not an MDS dataset{', or no such split' if split else ''})",
+                        path=root.url_of(INDEX_BASENAME)) from None
+    return root, parse_index(index_path, allow_unsafe_types, columns)
+
+
+def remote_shard_info(root: RemoteRoot, i: int, m: ShardMeta, validate_hash: str | None) -> ShardInfo:
+    """ShardInfo of index entry ``i``: the object URL and its indexed size (no request made)."""
+    entry = m.zip if m.zip is not None else m.raw
+    if validate_hash is not None and validate_hash not in entry.hashes and validate_hash not in m.raw.hashes:
+        recorded = f"only {sorted(entry.hashes)}" if entry.hashes else "no hashes (MDSWriter(hashes=[...]) was not set)"
+        raise DataError(f"validate_hash={validate_hash!r}, but the index recorded {recorded} for {entry.basename}",
+                        path=root.url_of(INDEX_BASENAME), shard=i)
+    return ShardInfo(root.url_of(entry.basename), m.samples, FORMAT, entry.bytes, 0)

@@ -1,0 +1,169 @@
+"""Requests with retries, exponential backoff and a deadline per attempt, and errors that name the object.
+
+``Fetcher(retries, timeout)`` wraps a backend (``backends.backend_for``): every call is tried ``retries + 1``
+times (Mosaic's ``download_retry`` counts re-attempts), sleeping ``BACKOFF * 2**k`` seconds (capped at
+``MAX_BACKOFF``, with jitter) between tries; an attempt that has no complete answer within ``timeout`` seconds
+(Mosaic's ``download_timeout``) is abandoned, so a server that stops answering costs at most about
+``(retries + 1) x timeout`` plus the backoff, never a hang. A missing object or refused credentials are not
+retried. After the last try ``RemoteError`` names the URL, the tries and the last cause; ``ObjectMissing`` and
+``AccessDenied`` also name the credentials source (without secrets).
+"""
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from typing import BinaryIO, Callable
+
+from .backends import Denied, Expired, Missing, ObjectInfo, backend_for
+from .errors import AccessDenied, ObjectMissing, RemoteError, RemoteTimeout
+from .urls import scheme_of
+
+BACKOFF = 0.25       # seconds before the first re-attempt
+MAX_BACKOFF = 8.0    # seconds at most between attempts
+
+STATS = {"downloads": 0, "downloaded_bytes": 0, "range_reads": 0, "range_bytes": 0, "retries": 0}
+_stats_lock = threading.Lock()
+_backends: dict = {}
+_backends_lock = threading.Lock()
+
+
+def count(**deltas) -> None:
+    """Add ``deltas`` to this process's ``STATS`` (what tests and the benchmark read)."""
+    with _stats_lock:
+        for k, v in deltas.items():
+            STATS[k] += v
+
+
+def stats() -> dict:
+    """A copy of this process's counters: downloads, downloaded_bytes, range_reads, range_bytes, retries."""
+    with _stats_lock:
+        return dict(STATS)
+
+
+_ENV_KEYS = ("S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_PROFILE", "AWS_ACCESS_KEY_ID",
+             "MSC_CONFIG")
+
+
+def _backend(scheme: str, timeout: float):
+    # one client per process (clients are not fork-safe), timeout, and endpoint / credentials settings
+    key = (os.getpid(), scheme, timeout, tuple(os.environ.get(k) for k in _ENV_KEYS))
+    with _backends_lock:
+        b = _backends.get(key)
+        if b is None:
+            b = _backends[key] = backend_for(scheme, timeout)
+        return b
+
+
+class Fetcher:
+    """Retried, time-bounded requests to the store of one URL scheme. Picklable (holds options only).
+
+    retries: re-attempts after the first (>= 0). timeout: seconds one attempt may take (> 0).
+    """
+
+    def __init__(self, retries: int = 2, timeout: float = 60.0):
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"download_retry must be an int >= 0, got {retries!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"download_timeout must be a number of seconds > 0, got {timeout!r}")
+        self.retries, self.timeout = retries, float(timeout)
+
+    def __repr__(self):
+        return f"Fetcher(retries={self.retries}, timeout={self.timeout})"
+
+    def backend(self, url: str):
+        """The backend for ``url``'s scheme (this process's)."""
+        return _backend(scheme_of(url), self.timeout)
+
+    def run(self, url: str, what: str, attempt: Callable[[object, float], object]):
+        """``attempt(backend, deadline)`` until it succeeds or the tries run out.
+
+        url: the object (named in errors). what: the operation, e.g. "download" (in errors).
+        Raises ObjectMissing / AccessDenied at once, RemoteTimeout or RemoteError after the last try.
+        """
+        backend = self.backend(url)
+        last, timeouts = None, 0
+        tries = self.retries + 1
+        for k in range(tries):
+            if k:
+                count(retries=1)
+                pause = min(MAX_BACKOFF, BACKOFF * 2 ** (k - 1))
+                time.sleep(pause * random.uniform(0.5, 1.0))
+            try:
+                return attempt(backend, time.monotonic() + self.timeout)
+            except Missing as e:
+                raise ObjectMissing(url, f"{what} failed: object not found ({e}); credentials: "
+                                         f"{backend.credentials()}") from None
+            except Denied as e:
+                raise AccessDenied(url, f"{what} failed: access denied ({e}); credentials: "
+                                        f"{backend.credentials()}") from None
+            except ImportError:
+                raise
+            except (ValueError, TypeError) as e:  # a bad request or an object larger than expected: not retried
+                raise RemoteError(url, f"{what} failed: {type(e).__name__}: {e}", k + 1) from None
+            except Exception as e:  # network, server and timeout errors of any client library: retried
+                last = e
+                timeouts += isinstance(e, Expired) or "timeout" in type(e).__name__.lower()
+        cause = f"{type(last).__name__}: {last}"
+        words = (f"{what} failed after {tries} attempt(s) (download_retry={self.retries}, "
+                 f"download_timeout={self.timeout:g}s); last cause: {cause}")
+        if timeouts == tries:
+            raise RemoteTimeout(url, words, tries) from None
+        raise RemoteError(url, words, tries) from None
+
+    def head(self, url: str) -> ObjectInfo:
+        """Size and ETag of object ``url``."""
+        return self.run(url, "HEAD", lambda b, d: b.head(url))
+
+    def exists(self, url: str) -> bool:
+        """Whether object ``url`` exists (False when missing; other failures raise)."""
+        try:
+            self.head(url)
+            return True
+        except ObjectMissing:
+            return False
+
+    def get(self, url: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of object ``url`` (one ranged GET per attempt)."""
+        data = self.run(url, f"range read of bytes [{start}, {end})", lambda b, d: b.get(url, start, end, d))
+        count(range_reads=1, range_bytes=len(data))
+        return data
+
+    def read_all(self, url: str) -> bytes:
+        """The whole of object ``url`` in memory (small metadata files)."""
+        import io
+
+        def attempt(b, d):
+            buf = io.BytesIO()
+            b.stream(url, buf, d)
+            return buf.getvalue()
+        data = self.run(url, "download", attempt)
+        count(downloads=1, downloaded_bytes=len(data))
+        return data
+
+    def download(self, url: str, out: BinaryIO, size: int | None = None) -> int:
+        """Object ``url`` into the seekable file ``out`` (rewound for each attempt); returns its size.
+
+        size: the size expected (from an index or HEAD): more bytes fail the attempt, fewer raise RemoteError.
+        """
+        def attempt(b, d):
+            out.seek(0)
+            return b.stream(url, out, d, size)
+        n = self.run(url, "download", attempt)
+        if size is not None and n != size:
+            raise RemoteError(url, f"download returned {n} bytes, {size} expected (object changed or truncated)")
+        count(downloads=1, downloaded_bytes=n)
+        return n
+
+    def list(self, url: str) -> list[ObjectInfo]:
+        """Objects below the prefix ``url`` (all depths), sorted by URL."""
+        return self.run(url, "list", lambda b, d: b.list(url))
+
+
+def probe(url: str) -> bool:
+    """Whether object ``url`` exists, for format detection: one quick try, never raising (False on any failure)."""
+    try:
+        return Fetcher(retries=0, timeout=30.0).exists(url)
+    except Exception:
+        return False
