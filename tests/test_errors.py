@@ -221,15 +221,18 @@ def test_file_changed_under_a_running_loader_is_reported(tmp_path, texts, tokeni
 
 
 def test_finite_pass_with_lanes_that_get_no_sample_is_refused(tmp_path):
-    """5 samples over 8 lanes with drop_last: 3 lanes would get nothing and no step could complete; the message
-    says how many and what to change."""
+    """5 samples over 8 lanes: 3 lanes would get nothing. With drop_last no step could complete; without it a
+    rank whose lanes are all empty would have no row to shape its padding on (at dp 4, not at dp 1). So it is
+    refused at every dp, in both modes, saying which canonical_replicas fits."""
     from zephon import Batch, Decode, Loader, open_dataset
 
     (tmp_path / "few.jsonl").write_text("".join(f'{{"text": "t{i}"}}\n' for i in range(5)))
-    with pytest.raises(ValueError, match=r"5 samples over canonical_replicas=8 lanes leaves 3 lanes without"):
-        Loader([open_dataset(str(tmp_path))], [Decode(), Batch(1)], canonical_replicas=8, exhaustion="stop")
-    Loader([open_dataset(str(tmp_path))], [Decode(), Batch(1, drop_last=False)], canonical_replicas=8,
-           exhaustion="stop")  # without drop_last the padding fills those lanes: accepted
+    for drop_last in (True, False):
+        for dp in (1, 4):
+            with pytest.raises(ValueError, match=r"5 samples over canonical_replicas=8 lanes leaves 3 lanes without"
+                                                 r".*canonical_replicas <= 5"):
+                Loader([open_dataset(str(tmp_path))], [Decode(), Batch(1, drop_last=drop_last)], canonical_replicas=8,
+                       exhaustion="stop", dp_degree=dp)
 
 
 def test_finite_pass_gives_every_lane_its_share_whatever_the_chunk_size(corpus, tokenizer_path, caplog):

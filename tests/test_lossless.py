@@ -187,3 +187,65 @@ def test_packing_carries_open_bins_across_sentinels_and_resumes_exactly(corpus, 
     size = len(json.dumps(big.checkpoint()))
     it.close()
     assert size <= 64 * 1024, size
+
+
+def test_a_checkpoint_taken_after_the_pass_ended_resumes_to_nothing(rows_dir, corpus, tokenizer_path):
+    """The end-of-pass checkpoint (the most common one) restores at any dp into a loader that yields nothing:
+    no padding step is owed, nothing is repeated (found by a new user: it raised before)."""
+    for drop_last in (False, True):
+        L = _text_loader(rows_dir, 1, 0, drop_last=drop_last)
+        assert sum(1 for _ in L) > 0
+        state = json.loads(json.dumps(L.checkpoint()))
+        for dp in (1, 2, 4):
+            for rank in range(dp):
+                R = _text_loader(rows_dir, dp, rank, drop_last=drop_last)
+                R.restore(state)
+                assert list(R) == [], (drop_last, dp)
+    P = make_loader([corpus["docs_jsonl"]], tokenizer_path, exhaustion="stop", drop_last=False, max_length=128)
+    assert sum(1 for _ in P) > 0
+    state = P.checkpoint()
+    R = make_loader([corpus["docs_jsonl"]], tokenizer_path, dp=2, rank=1, exhaustion="stop", drop_last=False,
+                    max_length=128)
+    R.restore(state)
+    assert list(R) == []
+
+
+def test_packed_padding_needs_no_delivered_row(tmp_path, tokenizer_path):
+    """A rank whose lanes deliver nothing in a packed pass (every document of its lanes filtered out) still pads
+    the steps another rank goes on with: the padding row's shape comes from Pack(max_length), not from a
+    delivered row. The other rank's vote is played by a StepAgreement that says "continue" twice."""
+    from zephon import Filter
+    from zephon.host import RankSession, StepAgreement
+
+    class OtherRankGoesOn(StepAgreement):
+        def __init__(self, steps):
+            super().__init__()
+            self.left = steps
+
+        def agree(self, complete, any_rank=False):
+            self.left -= 1
+            return complete or self.left >= 0
+
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": f"doc {i} " * 5, "keep": i < 8}) + "\n"
+                                              for i in range(16)))
+    ops = [Decode(keep=("keep",)), Filter(_keep), Tokenize(tokenizer_path, eos_id="<eos>", max_length=64),
+           Pack(64), Batch(1, drop_last=False)]
+
+    def make(lanes, runner, workers):
+        return Loader([open_dataset(str(tmp_path))], ops, canonical_replicas=2, chunk_size=8, shuffle=False,
+                      exhaustion="stop", dp_degree=2, dp_rank=1, runner=runner, num_workers=workers, lanes=lanes,
+                      emit_state=True)
+
+    s = RankSession(make)
+    s._agreement = OtherRankGoesOn(2)
+    groups = list(s.ordered_groups(s.worker_items(0, 0)))
+    assert len(groups) == 2  # two steps of one micro-batch (rows_per_lane_step 1), both padding
+    for g in groups:
+        (meta, mb), = g
+        assert meta["pad"] == 1 and mb["attention_mask"].shape == (1, 64) and mb["attention_mask"].sum() == 0
+        assert mb["labels"].tolist() == [[-100] * 64]
+    assert s.rank_state()["lanes"][0]["delivered_rows"] == 2
+
+
+def _keep(record) -> bool:
+    return bool(record["keep"])

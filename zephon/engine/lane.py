@@ -33,6 +33,17 @@ def _ref_key(ref) -> tuple[int, int]:
     return (ref, 0) if isinstance(ref, int) else (ref[0], ref[1])
 
 
+def carrier_indexes(chain_ops) -> set[int]:
+    """Indexes of the pump-side operators whose accumulators carry across a sentinel: those with ``carry``
+    whose records can be regenerated (only reordering accumulators before them)."""
+    out = set()
+    for i, op in enumerate(chain_ops):
+        if op.stateful and hasattr(op.new_accumulator(0), "carry") and all(
+                o.reorders_only for o in chain_ops[:i] if o.stateful):
+            out.add(i)
+    return out
+
+
 class _Carried:
     """The unit that regenerates the records carried into a resumed span (released before anything else)."""
 
@@ -58,13 +69,7 @@ class LanePipeline:
         self.cs = source.chunk_size
         self.unit_size = unit_size
         self.chain = [(op, op.new_accumulator(lane) if op.stateful else None) for op in chain_ops]
-        # Which accumulators carry across a sentinel: those whose records can be regenerated (only
-        # reordering accumulators before them).
-        self.carriers = set()
-        for i, (op, acc) in enumerate(self.chain):
-            if acc is not None and hasattr(acc, "carry") and all(
-                    o.reorders_only for o, a in self.chain[:i] if a is not None):
-                self.carriers.add(i)
+        self.carriers = carrier_indexes(chain_ops)
         start = start or {"sentinel_chunk": 0, "sentinel_offset": 0, "replay_cursor": 0, "delivered_rows": 0}
         first = start["sentinel_chunk"] * self.cs + start["sentinel_offset"]  # lane-local pointer index
         if first % span:

@@ -13,7 +13,7 @@ import math
 from ..ops.batch import Batch, collate, padding_row
 from ..work import WorkSource, lanes_for_rank
 from .. import checkpoint as ckpt
-from .lane import LanePipeline
+from .lane import LanePipeline, carrier_indexes
 from .runners import Runner, make_runner
 from .stage import WorkStage
 
@@ -41,12 +41,13 @@ def _check_ops(ops, num_datasets: int) -> None:
 
 def _check_finite_lanes(source) -> None:
     """A finite pass splits its positions evenly over the lanes (to within one). With fewer positions than
-    lanes, some lanes get none and, with drop_last, not one step could complete: refuse that."""
+    lanes, some lanes get none: with drop_last not one step could complete, and without it a rank whose lanes
+    are all empty would have no row to shape its padding on, at some dp degrees only. Refuse it at any dp."""
     total, r = source.total_positions, source.canonical_replicas
     if total < r:
         raise ValueError(f"a finite pass of {total} samples over canonical_replicas={r} lanes leaves "
-                         f"{r - total} lanes without a sample, so with drop_last not one step could complete; use "
-                         f"fewer canonical_replicas or drop_last=False")
+                         f"{r - total} lanes without a sample; use canonical_replicas <= {total} (or repeat the "
+                         f"data: exhaustion='repeat' or 'fill')")
 
 
 class Loader:
@@ -135,7 +136,7 @@ class Loader:
             self.flush_span = int(span)
         self.unit_size = unit_size
         self.finite = self.source.total_positions is not None
-        if self.finite and self.batch.drop_last:
+        if self.finite and (self.batch.drop_last or pad_tail):
             _check_finite_lanes(self.source)
         self.dp_degree, self.dp_rank = dp_degree, dp_rank
         self.rank_lanes = lanes_for_rank(canonical_replicas, dp_degree, dp_rank, lane_assignment)
@@ -200,6 +201,10 @@ class Loader:
             if first % self.flush_span or e["sentinel_offset"] >= self.source.chunk_size:
                 raise ckpt.CheckpointError(f"lane {lane}: sentinel ({e['sentinel_chunk']}, {e['sentinel_offset']}) "
                                            f"is not on a flush boundary (every {self.flush_span} pointers)")
+            bad = sorted(set(e.get("carry") or {}) - {str(i) for i in carrier_indexes(self.chain_ops)})
+            if bad:
+                raise ckpt.CheckpointError(f"lane {lane}: the checkpoint carries records into operator(s) {bad}, "
+                                           f"which carry nothing in this pipeline (an edited checkpoint?)")
         self._pending = {lane: dict(by_lane[lane]) for lane in self.lanes}
         self._generation += 1
 
@@ -249,6 +254,8 @@ class Loader:
             if short and self.batch.drop_last:
                 self._drop_rest()  # a finite stream's last, incomplete step: this rank stops here
                 return
+            if pad and all(offset[lane] == 0 and lanes[lane].finished and not lanes[lane].rows for lane in ready):
+                return  # every lane ran out at a step boundary (a restore after the pass's end): nothing owed
             for j in range(rps // m):
                 for lane in ready:
                     start = max(j * m, offset[lane])
@@ -284,11 +291,23 @@ class Loader:
                     self._template = st.rows[0][1]
                     break
             else:
-                raise RuntimeError(f"lanes {self.lanes} ran out before delivering a row, so the padding of a finite "
-                                   f"pass's last step (drop_last=False) has no row shape to copy; use drop_last=True "
-                                   f"or fewer canonical_replicas")
+                self._template = self.empty_row()
+        if self._template is None:
+            raise RuntimeError(f"lanes {self.lanes} delivered no row in this pass (every sample filtered or "
+                               f"skipped?), so the padding of its last steps (drop_last=False) has no row shape "
+                               f"to copy; use fewer canonical_replicas")
         row = padding_row(self._template)
         return [row] * n
+
+    def empty_row(self):
+        """A row of no document when the rows come out of ``Pack`` (only reordering operators after it), whose
+        shape needs no delivered row; else None."""
+        for op in reversed(self.chain_ops):
+            if op.name == "pack":
+                return op.new_accumulator(0).flush_empty()
+            if not op.reorders_only:
+                return None
+        return None
 
     def _drop_rest(self) -> None:
         """Count (never silently lose) every row left in the owned lanes of a finished stream."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from .. import checkpoint as ckpt
-from ..ops.batch import padding_micro_batch
+from ..ops.batch import collate, padding_micro_batch, padding_row
 from .agreement import StepAgreement, _dist, agreed_steps, padded_steps
 from .assembly import StepAssembly
 from .progress import Progress, initial_state
@@ -145,13 +145,16 @@ class RankSession:
     def _padding(self, lane: int, step: int, micro: int, state: dict):
         """A padding item for ``lane`` at (``step``, ``micro``) (``padded_steps``), shaped like a delivered one."""
         m = self.loader.batch.micro_batch_size
-        if self._template is None:
-            raise RuntimeError(f"rank lanes {self.rank_lanes} delivered no micro-batch before the finite pass ended, "
-                               f"so the padding of its last steps (drop_last=False) has no shape to copy; use "
-                               f"drop_last=True or fewer canonical_replicas")
         meta = {"lane": lane, "step": step, "micro": micro, "rows": m, "state": state, "last": True, "skip": False,
                 "pad": m}
-        return meta, padding_micro_batch(self._template, m)
+        if self._template is not None:
+            return meta, padding_micro_batch(self._template, m)
+        row = self.loader.empty_row()  # packed rows have a known shape, delivered or not
+        if row is None:
+            raise RuntimeError(f"rank lanes {self.rank_lanes} delivered no row in this finite pass (every sample "
+                               f"filtered or skipped?), so the padding of its last steps (drop_last=False) has no "
+                               f"shape to copy; use fewer canonical_replicas")
+        return meta, collate([padding_row(row)] * m)
 
     def _count_dropped(self, rows: int) -> None:
         self.dropped_rows += rows

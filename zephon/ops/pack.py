@@ -130,6 +130,10 @@ class PackAccumulator(Accumulator):
             packed[k].append(d)
         return [self._row(group) for group in packed]
 
+    def flush_empty(self) -> dict:
+        """A row holding no document (all padding): the shape of every row this operator emits."""
+        return self._row([])
+
     def carry(self) -> tuple[list[dict], list[list[dict]]]:
         """At a flush sentinel: emit the fullest bins (oldest on ties) until at most ``max_carry`` documents
         are open; return ``(rows, bins)``, ``bins`` the open bins' documents, oldest bin first, to be named
