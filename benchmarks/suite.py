@@ -66,7 +66,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="quarter corpus, 1 repetition, fewer steps (< 3 min)")
     ap.add_argument("--only", default="1,2,3,4,5,6",
                     help="comparisons to run (default: all); `loss`: the loss-curve experiment (benchmarks/loss); "
-                         "`packing` / `restore`: padding and restore-cost tables (benchmarks/packing.py, restore.py)")
+                         "`packing` / `restore`: padding and restore-cost tables (benchmarks/packing.py, restore.py); "
+                         "`freethreaded`: runners on free-threaded 3.13t and 3.11 (benchmarks/freethreaded.py)")
     ap.add_argument("--repeats", type=int, default=None, help="repetitions (default 3; 1 with --quick)")
     ap.add_argument("--workdir", default=default_workdir(), help="corpus + prepared formats (default %(default)s)")
     ap.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md and docs/img/")
@@ -79,7 +80,7 @@ def main(argv=None) -> int:
         from .loss.run import main as loss_main
         return loss_main(quick=args.quick, write=not args.no_write and (not args.quick or args.write),
                          results=args.results, from_results=args.from_results, workdir=args.workdir)
-    if args.only.strip() in ("packing", "restore", "remote"):  # their own tables (packing.py, restore.py, remote.py)
+    if args.only.strip() in ("packing", "restore", "remote", "freethreaded"):  # their own tables (packing.py, ...)
         import importlib
 
         importlib.import_module(f".{args.only.strip()}", __package__).main(args.workdir, args.quick)

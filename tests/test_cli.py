@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+
+import pytest
 
 from zephon.cli import main
 from zephon.verify import elastic_verify, format_table
@@ -113,3 +116,125 @@ def test_bad_arguments_are_one_line_errors_with_exit_2(corpus, tokenizer_path, c
     with pytest.raises(SystemExit) as e:
         main(base + ["--checkpoint-step", "5", "--steps", "5"])
     assert e.value.code == 2 and "need 0 < --checkpoint-step (5) < --steps (5)" in capsys.readouterr().err
+
+
+# -- verify on every format with its own options (issue 15, item 7) -------------------------------------------
+
+
+def _energon_text_root(d, stdlib_texts):
+    """TextSample dataset (field_map text: txt) of real documents, prepared by the real `energon prepare` CLI."""
+    import webdataset as wds
+
+    import energon_data as E
+
+    root = os.path.join(d, "etext")
+    os.makedirs(root)
+    docs = stdlib_texts[0][:240]
+    with wds.ShardWriter(os.path.join(root, "part-%03d.tar"), maxcount=60, verbose=0) as w:
+        for i, t in enumerate(docs):
+            w.write({"__key__": f"d{i:05d}", "txt": t, "json": {"i": i}})
+    E.energon_prepare_cli(root, {"train": r".*"}, sample_type="TextSample", field_map={"text": "txt"})
+    return root, docs
+
+
+def test_verify_passes_on_an_energon_dataset_with_its_split_and_part_filter(tmp_path, stdlib_texts, tokenizer_path,
+                                                                            capsys):
+    """Failed on main: verify passed columns=['text'], which Energon datasets refuse."""
+    pytest.importorskip("megatron.energon")
+    root, _ = _energon_text_root(str(tmp_path), stdlib_texts)
+    for extra in (["--format", "energon", "--split", "train"], ["--part-filter", "txt", "--field", "txt"]):
+        rc = main(["verify", "--data", root, "--tokenizer", tokenizer_path, *SMALL, "--runner", "inline", *extra])
+        out = capsys.readouterr().out
+        assert rc == 0, out
+        assert "OK: all 6 steps" in out
+
+
+def test_verify_reads_the_energon_text_it_was_given(tmp_path, stdlib_texts, tokenizer_path, monkeypatch):
+    """The text reaching the tokenizer is the sample's txt part: every document piece of the first packed row
+    decodes to text found in the documents written (oracle: the documents themselves)."""
+    pytest.importorskip("megatron.energon")
+    from tokenizers import Tokenizer, decoders
+
+    import zephon.cli as cli
+
+    root, docs = _energon_text_root(str(tmp_path), stdlib_texts)
+    seen = {}
+    monkeypatch.setattr(cli, "cmd_verify", lambda a: seen.setdefault("args", a) and 0)
+    main(["verify", "--data", root, "--tokenizer", tokenizer_path, *SMALL])
+    datasets, make_loader = cli._build_pipeline(seen["args"], tokenizer_path)
+    assert datasets[0].num_samples == len(docs)
+    mb = next(iter(make_loader(1, 0, 1, "inline")))
+    ids = [int(t) for t in mb["input_ids"][0][mb["attention_mask"][0].astype(bool)]]
+    tok = Tokenizer.from_file(tokenizer_path)
+    tok.decoder = decoders.ByteLevel()  # the fixture's tokenizer has none: bytes back from byte-level tokens
+    eos = tok.token_to_id("<eos>")
+    pieces, cur = [], []
+    for t in ids:  # documents (or pieces of long ones) are separated by <eos>
+        if t == eos:
+            pieces.append(cur)
+            cur = []
+        else:
+            cur.append(t)
+    texts = [tok.decode(p)[4:-4] for p in pieces + [cur]]  # ends may hold half a character
+    texts = [t for t in texts if len(t) > 20]
+    assert texts and all(any(t in d for d in docs) for t in texts)
+
+
+def _mds_texts(out, texts):
+    from streaming import MDSWriter
+
+    with MDSWriter(out=str(out), columns={"text": "str", "id": "int"}, size_limit=1 << 16,
+                   compression="zstd") as w:
+        for i, t in enumerate(texts):
+            w.write({"text": t, "id": i})
+    return str(out)
+
+
+def test_verify_passes_on_mds_with_a_split_and_at_s3(tmp_path, stdlib_texts, tokenizer_path, s3, capsys):
+    pytest.importorskip("streaming")
+    root = tmp_path / "root"
+    _mds_texts(root / "train", stdlib_texts[0][:400])
+    _mds_texts(tmp_path / "code" / "train", stdlib_texts[1][:300])  # format flags apply to every --data
+    rc = main(["verify", "--data", str(root), "--data", str(tmp_path / "code"), "--weights", "0.6,0.4",
+               "--split", "train", "--tokenizer", tokenizer_path, *SMALL, "--runner", "inline",
+               "--cache-dir", str(tmp_path / "cache")])
+    out, err = capsys.readouterr()
+    assert rc == 0 and "OK: all 6 steps" in out, err
+    url = s3.upload_dir(str(root), "root")
+    rc = main(["verify", "--data", url, "--split", "train", "--format", "mds", "--tokenizer", tokenizer_path, *SMALL,
+               "--runner", "inline", "--local", str(tmp_path / "local"), "--download-retry", "1"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and "OK: all 6 steps" in out, err
+    assert os.listdir(tmp_path / "local")  # read through the remote cache
+
+
+def test_verify_refuses_another_formats_option_naming_it(corpus, tokenizer_path, capsys):
+    rc = main(["verify", "--data", corpus["docs_jsonl"], "--tokenizer", tokenizer_path, *SMALL,
+               "--part-filter", "txt"])
+    assert rc == 2
+    assert "part_filter applies to Energon datasets only (format='energon')" in capsys.readouterr().err
+
+
+# -- messages (issue 15, item 8) -----------------------------------------------------------------------------
+
+
+def test_unknown_eos_token_says_to_pass_eos_token_and_which(corpus, tmp_path, capsys):
+    """Failed on main: the message did not mention --eos-token."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(["some text to learn from"] * 5,
+                            trainers.BpeTrainer(vocab_size=300, special_tokens=["</s>", "<unk>"], show_progress=False))
+    path = str(tmp_path / "tok.json")
+    tok.save(path)
+    base = ["verify", "--data", corpus["docs_jsonl"], "--tokenizer", path, *SMALL, "--runner", "inline"]
+    assert main(base) == 2
+    err = capsys.readouterr().err
+    assert "--eos-token '<eos>'" in err and "not in the tokenizer's vocabulary" in err
+    assert "Pass --eos-token with this tokenizer's end-of-document token" in err
+    assert "e.g. --eos-token '</s>'" in err
+    assert main(base + ["--eos-token", "</s>"]) == 0
+    capsys.readouterr()
+    assert main(base + ["--eos-token", str(tok.token_to_id("</s>"))]) == 0  # an id works too
+    assert "OK: all 6 steps" in capsys.readouterr().out

@@ -246,3 +246,73 @@ def test_finite_pass_gives_every_lane_its_share_whatever_the_chunk_size(corpus, 
     assert sorted({L.source.lane_positions(lane) for lane in range(8)}) == [112, 113]
     assert sum(L.source.lane_positions(lane) for lane in range(8)) == 900
     assert not any("dropped" in r.getMessage() for r in caplog.records)
+
+
+# -- issue 15, item 8: messages say what the user gave and what to do ------------------------------------------
+
+
+def test_unbounded_tokenize_before_pack_reports_none_and_what_to_pass(corpus, tokenizer_path):
+    from zephon.engine import Loader
+    from zephon.ops import Decode, Pack, Tokenize
+
+    ds = [open_dataset(corpus["docs_jsonl"])]
+    with pytest.raises(ValueError) as e:
+        Loader(ds, [Decode(), Tokenize(tokenizer_path, eos_id="<eos>", max_length=None), Pack(128)])
+    msg = str(e.value)
+    assert msg.startswith("Tokenize(max_length=None) lets documents longer than Pack(max_length=128) through")
+    assert "use Tokenize(max_length=128)" in msg
+
+
+def test_a_path_instead_of_datasets_says_to_use_open_dataset(corpus):
+    from zephon import Batch, Decode, Loader
+
+    with pytest.raises(TypeError) as e:
+        Loader("dir/", [Decode(), Batch(1)])
+    msg = str(e.value)
+    assert "datasets must be a list of open_dataset(...) results" in msg and "got str 'dir/'" in msg
+    assert "[open_dataset('dir/')]" in msg
+    with pytest.raises(TypeError, match=r"datasets\[1\] is str 'b/': use open_dataset\('b/'\)"):
+        Loader([open_dataset(corpus["docs_jsonl"]), "b/"], [Decode(), Batch(1)])
+    with pytest.raises(TypeError, match="got a Dataset: wrap it in a list"):
+        Loader(open_dataset(corpus["docs_jsonl"]), [Decode(), Batch(1)])
+
+
+def test_unknown_runner_is_refused_at_construction_naming_the_valid_ones(corpus):
+    from zephon import Batch, Decode, Loader
+
+    with pytest.raises(ValueError) as e:
+        Loader([open_dataset(corpus["docs_jsonl"])], [Decode(), Batch(1)], runner="gpu")
+    msg = str(e.value)
+    assert "'inline', 'threads', 'processes'" in msg and "got 'gpu'" in msg
+
+
+def test_uneven_tail_warning_is_logged_once_per_process_in_the_hosts_words(tmp_path, caplog):
+    from zephon import Batch, Decode, Loader
+    from zephon.host import RankSession
+
+    (tmp_path / "d.jsonl").write_text("".join(f'{{"text": "t{i}"}}\n' for i in range(16)))
+
+    def make(lanes, runner, workers):
+        return Loader([open_dataset(str(tmp_path))], [Decode(), Batch(1, drop_last=False)], canonical_replicas=2,
+                      chunk_size=4, exhaustion="stop", seed=7, runner=runner, num_workers=workers, lanes=lanes,
+                      emit_state=True, pad_tail=False)
+
+    energon_words = {"host": "zephon_energon", "drop_last": "batch_drop_last={}", "finite": "repeat=False",
+                     "dropped": "loader.dropped_rows"}
+    with caplog.at_level("WARNING", logger="zephon"):
+        for _ in range(3):  # three loaders (sessions) of one config, each hitting the uneven tail twice
+            s = RankSession(make, warn_context=energon_words)
+            s._count_uneven_tail(3)
+            s._count_uneven_tail(2)
+            assert s.dropped_rows == 5  # counted every time, logged once
+    msgs = [r.getMessage() for r in caplog.records if "another rank ran out" in r.getMessage()]
+    assert len(msgs) == 1, msgs
+    assert msgs[0].startswith("zephon_energon: a finite pass (repeat=False) with batch_drop_last=False")
+    assert "batch_drop_last=True ends every rank" in msgs[0] and "exhaustion" not in msgs[0]
+    assert "Batch(drop_last" not in msgs[0] and "loader.dropped_rows" in msgs[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="zephon"):
+        s = RankSession(make)  # the core's own words where no adapter built the session
+        s._count_uneven_tail(1)
+    (msg,) = [r.getMessage() for r in caplog.records]
+    assert "exhaustion='stop'" in msg and "Batch(drop_last=False)" in msg and "Batch(drop_last=True)" in msg

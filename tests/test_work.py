@@ -595,7 +595,7 @@ def test_lanes_partition(R, assignment):
         assert len(set(flat)) == R
 
 
-@pytest.mark.parametrize("R,dp", [(8, 3), (12, 5), (12, 8), (64, 48), (1, 2), (8, 0)])
+@pytest.mark.parametrize("R,dp", [(8, 3), (12, 5), (12, 8), (64, 48), (8, 12), (8, 0)])  # multiples share lanes
 def test_lanes_bad_dp_degree(R, dp):
     valid = [d for d in range(1, R + 1) if R % d == 0]
     with pytest.raises(TopologyError) as ei:

@@ -7,8 +7,9 @@ from .checkpoint import CheckpointError, merge_states
 from .engine import GlobalBatchHasher, Loader
 from .formats import DataError, open_dataset
 from .ops import Batch, Decode, EnsureMixture, Filter, Map, Pack, Shuffle, Tokenize
-from .work import TopologyError, WorkSource
+from .work import Schedule, TopologyError, WorkSource
 
 __version__ = "0.1.0"
 __all__ = ["Batch", "CheckpointError", "DataError", "Decode", "EnsureMixture", "Filter", "GlobalBatchHasher", "Loader",
-           "Map", "Pack", "Shuffle", "Tokenize", "TopologyError", "WorkSource", "merge_states", "open_dataset"]
+           "Map", "Pack", "Schedule", "Shuffle", "Tokenize", "TopologyError", "WorkSource", "merge_states",
+           "open_dataset"]

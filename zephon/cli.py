@@ -10,24 +10,90 @@ import time
 from tqdm import tqdm
 
 
-def _build_pipeline(args, tokenizer_path):
+def _open_datasets(args) -> list:
+    """One Dataset per ``--data`` path, opened with its format's own flags (``cli_formats``). Energon
+    samples are dicts of parts, so no columns are asked of them (``_text_ops`` lifts the text field)."""
+    from .cli_formats import open_keywords
     from .formats import open_dataset
-    from .ops import Batch, Decode, EnsureMixture, Pack, Shuffle, Tokenize, token_corrected_weights
 
-    datasets = [open_dataset(p, format=args.format, columns=[args.field], on_error=args.on_error)
-                for p in args.data]
+    out = []
+    for p in args.data:
+        fmt, kw = open_keywords(args, p)
+        columns = None if fmt == "energon" else [args.field]
+        out.append(open_dataset(p, columns=columns, on_error=args.on_error, **kw))
+    return out
+
+
+def _text_ops(datasets, args) -> list:
+    """Operators that bring each record's text to ``args.field`` before ``Decode``: a ``TextField`` map when a
+    dataset is Energon (text in ``__fields__`` / ``__parts__``), else none."""
+    from .ops import Map
+    from .verify import TextField
+
+    if any(s.format == "energon" for d in datasets for s in d.shards[:1]):
+        return [Map(TextField(args.field), name=f"text field {args.field!r}")]
+    return []
+
+
+def _eos_token(text: str):
+    """``--eos-token``: an integer id when it is all digits, else the token string."""
+    return int(text) if text.isdigit() else text
+
+
+def _tokenize(args, tokenizer_path):
+    """``Tokenize`` for ``--eos-token``; an EOS token the tokenizer lacks is a ValueError saying what to pass."""
+    from .ops import Tokenize
+
+    try:
+        return Tokenize(tokenizer_path, field=args.field, eos_id=_eos_token(args.eos_token),
+                        max_length=args.max_length)
+    except ValueError as e:
+        if "vocabulary" not in str(e):
+            raise
+        raise ValueError(f"--eos-token {args.eos_token!r}: {e} ({tokenizer_path}). Pass --eos-token with this "
+                         f"tokenizer's end-of-document token or its id; {_special_tokens(tokenizer_path)}") from None
+
+
+def _special_tokens(tokenizer_path) -> str:
+    """What to suggest for ``--eos-token``: the tokenizer's special tokens, or how to do without."""
+    from .ops.tokenize import load_tokenizer
+
+    tok = load_tokenizer(tokenizer_path)
+    decoder = getattr(tok, "get_added_tokens_decoder", lambda: {})()
+    special = [t.content for _, t in sorted(decoder.items()) if getattr(t, "special", False)]
+    if special:
+        return "its special tokens: " + ", ".join(repr(t) for t in special[:8]) + \
+            f", e.g. --eos-token {special[0]!r}"
+    return "it has no special tokens: pass a token id (e.g. --eos-token 0) or add an end-of-text token to it"
+
+
+def _build_pipeline(args, tokenizer_path):
+    from .ops import Batch, Decode, EnsureMixture, Pack, Shuffle, token_corrected_weights
+
+    datasets = _open_datasets(args)
     weights = _numbers(args.weights, float, "--weights") if args.weights else [1.0] * len(datasets)
     if len(weights) != len(datasets):
         raise ValueError(f"{len(weights)} --weights for {len(datasets)} --data paths")
-    tok = Tokenize(tokenizer_path, field=args.field, eos_id=args.eos_token, max_length=args.max_length)
+    if getattr(args, "schedule", None):  # verify --schedule FILE: weights that change with the step
+        from .work import Schedule
+        if args.weights or args.ensure_mixture:
+            raise ValueError("--schedule replaces --weights and cannot be combined with --ensure-mixture")
+        weights = Schedule.load(args.schedule)
+        if weights.num_datasets != len(datasets):
+            raise ValueError(f"{args.schedule}: a schedule of {weights.num_datasets} datasets for {len(datasets)} "
+                             f"--data paths")
+    tok = _tokenize(args, tokenizer_path)
     decode = Decode(args.field)
-    ops = [decode, tok]
+    ops = [*_text_ops(datasets, args), decode, tok]
     if args.ensure_mixture and len(datasets) > 1:
         # sample weights from measured document lengths, so token shares (not sample shares) hit the target
         ops.append(EnsureMixture(weights))
-        weights = token_corrected_weights(
-            datasets, weights, lambda recs: [r["num_tokens"] for r in tok.process_many(decode.process_many(recs))],
-            seed=args.seed)
+
+        def tokens(recs):
+            for op in ops[:-1]:  # what precedes EnsureMixture: text lift, decode, tokenize
+                recs = op.process_many(recs)
+            return [r["num_tokens"] for r in recs]
+        weights = token_corrected_weights(datasets, weights, tokens, seed=args.seed)
     ops.append(Pack(args.max_length, method=args.pack_method))
     if args.shuffle_buffer:
         ops.append(Shuffle(args.shuffle_buffer, seed=args.seed))
@@ -75,11 +141,16 @@ def _run_verify(args, tokenizer_path) -> int:
     import os
 
     from .verify import elastic_verify
-    from .work import check_topology
+    from .work import check_share_rows, check_topology
 
     resume = _numbers(args.resume_dp, int, "--resume-dp")
+    R = args.canonical_replicas
+    gbs = args.global_batch_size or R * args.micro_batch
     for dp in [args.dp, *resume]:  # before any work: a bad topology should not cost a run
-        check_topology(args.canonical_replicas, dp)
+        check_topology(R, dp)
+        if dp > R and gbs % R == 0:  # ranks share lanes: each takes whole micro-batches of a lane's step
+            for m in {args.micro_batch, args.resume_micro_batch or args.micro_batch}:
+                check_share_rows(gbs // R, m, dp // R)
     if args.output_json and not os.path.isdir(os.path.dirname(os.path.abspath(args.output_json))):
         raise ValueError(f"--output-json: directory of {args.output_json} does not exist")
     _, make_loader = _build_pipeline(args, tokenizer_path)
@@ -160,19 +231,50 @@ def cmd_verify(args) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from .formats import inspect_source
+    """List shards, counts and columns, checking every shard against its index (``formats.check``); with
+    ``--deep`` read every sample. Exit 1 when a shard is bad, naming each with what was expected and found."""
+    from .cli_formats import open_keywords
+    from .formats import open_dataset
+    from .formats.check import check_shard, summary
 
-    info = inspect_source(args.path, format=args.format)
+    _, kw = open_keywords(args, args.path)
+    ds = open_dataset(args.path, **kw)
+    total = ds.num_samples if args.deep else len(ds.shards)
+    with tqdm(total=total, desc="inspect --deep (samples)" if args.deep else "inspect (shards)", file=sys.stderr,
+              disable=args.no_progress or args.json, unit="sample" if args.deep else "shard") as bar:
+        reports = []
+        for i in range(len(ds.shards)):
+            reports.append(check_shard(ds, i, deep=args.deep, progress=bar.update if args.deep else None))
+            if not args.deep:
+                bar.update(1)
+    info = summary(ds, reports, args.deep)
     if args.json:
         print(json.dumps(info, indent=1))
-        return 0
+    else:
+        _print_inspect(args.path, info)
+    if not info["ok"]:
+        bad = info["bad_shards"]
+        print(f"zephon inspect: {len(bad)} of {info['num_shards']} shards bad: {', '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_inspect(path: str, info: dict) -> None:
     n = info["num_shards"]
-    print(f"{args.path}: format {info['format']}, {n} shard{'s' * (n != 1)}, {info['num_samples']:,} samples")
+    print(f"{path}: format {info['format']}, {n} shard{'s' * (n != 1)}, {info['num_samples']:,} samples")
     print(f"columns: {', '.join(info['columns'])}")
     for s in info["shards"]:
-        cols = f"  columns: {', '.join(s['columns'])}" if s.get("columns") not in (None, info["columns"]) else ""
-        print(f"  {s['path']}  {s['format']}  {s['num_samples']:,} samples  {s['size_bytes']:,} bytes{cols}")
-    return 0
+        cols = f"  columns: {', '.join(s['columns'])}" if s["columns"] and s["columns"] != info["columns"] else ""
+        print(f"  {s['path']}  {s['format']}  {s['num_samples']:,} samples  {s['size_bytes']:,} bytes{cols}  "
+              f"{'OK' if s['ok'] else 'BAD'}")
+        for problem in s["problems"]:
+            print(f"      {problem}")
+        if s["bad_samples"]:
+            print(f"      {s['bad_samples']:,} of {s['samples_read']:,} samples do not read; first bad sample "
+                  f"{s['first_bad_sample']}: {s['first_bad_error']}")
+    what = "every sample read" if info["deep"] else "sizes, headers and indexes; --deep reads every sample"
+    print(f"checked {n} shard{'s' * (n != 1)} ({what}): "
+          + ("all OK" if info["ok"] else f"{len(info['bad_shards'])} bad"))
 
 
 def _positive(text: str) -> int:
@@ -208,10 +310,11 @@ def _pipeline_args(p, demo: bool) -> None:
     p.add_argument("--ensure-mixture", action="store_true",
                    help="weights are token shares: correct sample weights by mean document length and "
                         "reorder documents by token deficit")
-    p.add_argument("--field", default="text", help="text field / column")
-    p.add_argument("--format", default=None, choices=["jsonl", "parquet", "mds", "energon"],
-                   help="default: by file extension (MDS: a folder with index.json; energon: with .nv-meta)")
-    p.add_argument("--eos-token", default="<eos>")
+    p.add_argument("--field", default="text",
+                   help="text field / column (Energon: a field_map field such as text, or a part such as txt)")
+    p.add_argument("--eos-token", default="<eos>",
+                   help="token (or integer id) appended to each document; must be in the tokenizer's vocabulary "
+                        "(e.g. </s>, <|endoftext|>); the default <eos> is the demo tokenizer's")
     p.add_argument("--on-error", default="raise", choices=["raise", "skip"],
                    help="bad samples: raise (default) or skip, count and report them")
     p.add_argument("--output-json", default=None, help="write every step's digests and the checkpoint here")
@@ -221,6 +324,8 @@ def _pipeline_args(p, demo: bool) -> None:
 
 
 def main(argv=None) -> int:
+    from .cli_formats import add_format_args
+
     parser = argparse.ArgumentParser(prog="zephon", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     demo = sub.add_parser("demo", help="the embedded default: stdlib corpus, throughput, elastic resume table")
@@ -231,22 +336,29 @@ def main(argv=None) -> int:
     verify = sub.add_parser("verify", help="check elastic determinism on your data")
     verify.add_argument("--data", action="append", required=True, help="dataset path (dir, glob, file); repeat")
     verify.add_argument("--weights", default=None, help="comma-separated mixture weights, one per --data")
+    verify.add_argument("--schedule", default=None, help="YAML/JSON mixture schedule, one weight spec per --data "
+                        "(number, {step: {step: w}} or {linear: {step: w}}); see docs/curricula.md")
     verify.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the demo's stdlib BPE)")
     _pipeline_args(verify, demo=False)
-    insp = sub.add_parser("inspect", help="formats, shards, sample counts, columns")
-    insp.add_argument("path")
-    insp.add_argument("--format", default=None, choices=["jsonl", "parquet", "mds", "energon"],
-                   help="default: by file extension (MDS: a folder with index.json; energon: with .nv-meta)")
+    add_format_args(verify)
+    insp = sub.add_parser("inspect", help="formats, shards, sample counts, columns; checks every shard against "
+                                          "its index (exit 1 naming each bad shard)")
+    insp.add_argument("path", help="dataset path: directory, glob, file, MDS or Energon root, or s3:// URL")
+    insp.add_argument("--deep", action="store_true", help="also read (decode) every sample; name the first bad "
+                                                          "sample of each shard")
     insp.add_argument("--json", action="store_true")
+    insp.add_argument("--no-progress", action="store_true")
+    add_format_args(insp)
     args = parser.parse_args(argv)
     if args.cmd in ("demo", "verify") and not 0 < args.checkpoint_step < args.steps:
         parser.error(f"need 0 < --checkpoint-step ({args.checkpoint_step}) < --steps ({args.steps})")
     from .engine import CheckpointError
     from .formats import DataError
+    from .formats.remote import RemoteError
     from .work import TopologyError
     try:
         return {"demo": cmd_demo, "verify": cmd_verify, "inspect": cmd_inspect}[args.cmd](args)
-    except (DataError, CheckpointError, TopologyError, ValueError, OSError) as e:
+    except (DataError, CheckpointError, TopologyError, ValueError, OSError, RemoteError) as e:
         # bad input or arguments: one clear line, no traceback (ValueError covers bad sizes and options)
         print(f"zephon: error: {e}", file=sys.stderr)
         return 2

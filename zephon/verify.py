@@ -29,6 +29,34 @@ class Phase:
     cold: "Phase | None" = None  # for a resume: a fresh start with the same dp and runner
 
 
+class TextField:
+    """Put an Energon sample's text at the top level, where ``Decode(field)`` reads it (picklable, for the
+    processes runner): ``record[field]`` from its ``field_map`` fields (``__fields__``), else from its parts
+    (``__parts__``). A record that already has ``field`` passes unchanged.
+
+    field: a field_map field (e.g. ``text``) or a part name (e.g. ``txt``).
+    Raises ValueError naming the fields and parts the sample has (``Map`` adds file, shard and sample).
+    """
+
+    def __init__(self, field: str):
+        self.field = field
+
+    def __call__(self, record: dict) -> dict:
+        f = self.field
+        if f in record:
+            return record
+        fields, parts = record.get("__fields__") or {}, record.get("__parts__") or {}
+        if f in fields:
+            record[f] = fields[f]
+        elif f in parts:
+            record[f] = parts[f]
+        else:
+            raise ValueError(f"no field_map field or part {f!r} in this Energon sample (fields: {sorted(fields)}, "
+                           f"parts: {sorted(parts)}); pass --field with one of them (and --part-filter if the part "
+                           f"is filtered out)")
+        return record
+
+
 def run_phase(make_loader, phase: Phase, restore_from: dict | None = None, progress=None) -> list:
     """Run ``phase`` with ``phase.dp`` loaders sharing one runner; hash every global step in
     ``[start, stop)``. ``make_loader(dp, rank, micro_batch, runner) -> Loader``. Returns the loaders
@@ -41,7 +69,9 @@ def run_phase(make_loader, phase: Phase, restore_from: dict | None = None, progr
         if restore_from is not None:
             for L in loaders:
                 L.restore(restore_from)
-        per_step = [len(L.lanes) * (L.rows_per_lane_step // phase.micro_batch) for L in loaders]
+        # a rank's rows per step: its lanes' rows, or its block of a lane it shares with other ranks (dp > lanes)
+        per_step = [len(L.lanes) * (getattr(L, "rows_per_rank_step", L.rows_per_lane_step) // phase.micro_batch)
+                    for L in loaders]
         iters = [iter(L) for L in loaders]
         hasher = GlobalBatchHasher()
         for step in range(phase.start, phase.stop):

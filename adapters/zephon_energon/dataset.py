@@ -12,7 +12,7 @@ import warnings
 from megatron.energon import DefaultTaskEncoder
 
 from zephon.ops import Batch, Filter, Shuffle
-from zephon.work import lanes_for_rank
+from zephon.work import TopologyError, lanes_for_rank
 
 from ._hooks import keep, overridden
 from ._pack import TaskPack
@@ -57,7 +57,7 @@ def _build(path, *, split_part, worker_config, batch_size, batch_drop_last, pack
     sources = _open_sources(path, split_part, {}) if entries is None else entries
     if subflavors:  # Energon: the keyword merge-overrides the (meta)dataset's subflavors of every sample
         sources = [(ds, dict(e, subflavors={**(e.get("subflavors") or {}), **subflavors})) for ds, e in sources]
-    datasets, weights, metas = _weights(sources, repeat)
+    datasets, weights, metas = _weights(sources, repeat, zk.get("schedule_step_size"))
     factories = [SampleFactory(e["path"], getattr(ds, "energon", {}) or {}, e.get("subflavors"))
                  for ds, e in zip(datasets, metas)]
     seed = int(getattr(worker_config, "seed_offset", 0) or 0)
@@ -76,6 +76,11 @@ def _build(path, *, split_part, worker_config, batch_size, batch_drop_last, pack
         R = int(zk.get("canonical_replicas", DEFAULT_CANONICAL_REPLICAS))
         chunk = int(zk.get("chunk_size") or max(1, min(256, total // R)))
         assignment = zk.get("lane_assignment", "contiguous")
+        if worker_config.world_size > R:  # a lane's step is one TaskEncoder batch: ranks cannot split it
+            raise TopologyError(f"world_size={worker_config.world_size} is more than canonical_replicas={R} lanes: "
+                                f"zephon_energon gives each rank whole batches of batch_size={batch_size} from its "
+                                f"own lanes, so ranks cannot share a lane (zephon_torch and TorchTitan can); set "
+                                f"canonical_replicas (a Zephon keyword) to a multiple of every world size you use")
     else:
         # Validation restarts every iteration: no lanes need to outlive a run. Energon splits the split into
         # world_size x num_workers near-equal slices (one per rank-worker); one lane per rank-worker, samples

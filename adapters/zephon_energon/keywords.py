@@ -10,7 +10,8 @@ import warnings
 from megatron.energon.errors import reraise_exception
 
 #: Zephon keywords accepted on top of Energon's (documented in docs/energon.md).
-ZEPHON_KEYWORDS = ("canonical_replicas", "chunk_size", "flush_span", "lane_assignment")
+#: ``schedule_step_size``: samples per step of a metadataset's weight schedule (default: one batch per lane).
+ZEPHON_KEYWORDS = ("canonical_replicas", "chunk_size", "flush_span", "lane_assignment", "schedule_step_size")
 DEFAULT_CANONICAL_REPLICAS = 64
 
 

@@ -51,7 +51,9 @@ class EnergonDataset(IterableDataset):
         self._kwargs = dict(loader_kwargs, weights=weights)
         # Energon's data-parallel group is the set of ranks that must agree where a finite pass ends.
         self.session = RankSession(self._make_loader,
-                                   agreement_group=getattr(worker_config, "data_parallel_group", None))
+                                   agreement_group=getattr(worker_config, "data_parallel_group", None),
+                                   warn_context={"host": "zephon_energon", "drop_last": "batch_drop_last={}",
+                                                 "finite": "repeat=False", "dropped": "loader.dropped_rows"})
         self.loader = self.session.loader
         self._batch_hooks = overridden(task_encoder, "batch"), overridden(task_encoder, "encode_batch")
         self._since_gc = 0

@@ -34,10 +34,12 @@ def _open_sources(path, split_part, kwargs):
     return out
 
 
-def _weights(sources, repeat: bool):
+def _weights(sources, repeat: bool, schedule_step_size=None):
     """Core datasets and mixture weights: ``blend`` weights as given; ``blend_epochized`` repetitions r
     (whole numbers) list the dataset r times, each weighted by its size, so one pass of the mixture is
-    r passes of that dataset."""
+    r passes of that dataset. A blend weight schedule (``{step: ...}`` / ``{linear: ...}``) gives a
+    ``zephon.work.Schedule`` whose steps hold ``schedule_step_size`` samples (None: the loader's global
+    batch, one batch per lane)."""
     reps = [e.get("repetitions") for _, e in sources]
     if any(r not in (None, 1) for r in reps):
         datasets, weights, metas = [], [], []
@@ -52,6 +54,12 @@ def _weights(sources, repeat: bool):
                 metas.append(e)
         return datasets, weights, metas
     ws = [e.get("weight") for _, e in sources]
+    if any(isinstance(w, dict) for w in ws):
+        if not repeat:
+            refuse("repeat=False", "a weight schedule needs an endless blend (repeat=True)")
+        from zephon.work import Schedule
+        return [ds for ds, _ in sources], Schedule([1.0 if w is None else w for w in ws],
+                                                   positions_per_step=schedule_step_size), [e for _, e in sources]
     if len(sources) > 1 and any(w is not None for w in ws):
         if not repeat:
             refuse("repeat=False", "a weighted blend repeats its datasets (Energon asserts repeat=True for blends too)")

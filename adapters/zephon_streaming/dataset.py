@@ -17,7 +17,7 @@ from torch.utils.data import IterableDataset
 from zephon import Loader
 from zephon.host import Channel, RankSession, private_dir
 from zephon.ops import Batch, Decode, Pack, Tokenize
-from zephon.work import TopologyError, lanes_for_rank
+from zephon.work import Schedule, TopologyError, lanes_for_rank
 
 from .iteration import RankIteration
 from .keywords import RefusedKeyword, Stream, detect_world, refuse_unsupported, stream_weights
@@ -113,7 +113,8 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
                              "pass packs into is unknown until every document is tokenized")
         one_pass = one_pass and not self.text
         self.exhaustion = "fill" if one_pass else "repeat"  # one pass: Mosaic's epoch, the last batch filled
-        self.epoch_size = None if one_pass else (epoch_value or int(round(sum(self.weights))))
+        self.epoch_size = None if one_pass else (epoch_value or (self.num_samples if isinstance(self.weights, Schedule)
+                                                                 else int(round(sum(self.weights)))))
 
         # -- topology
         if replication is not None and (not isinstance(replication, int) or replication < 1):
@@ -153,7 +154,10 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
         if R % self.dp_degree:
             raise TopologyError(f"num_canonical_nodes={R} lanes cannot be split evenly over {self.dp_degree} data-"
                                 f"parallel ranks (WORLD_SIZE={self.world_size}, replication={self.replication}); "
-                                f"choose num_canonical_nodes as a multiple of every world size you will run at")
+                                f"choose num_canonical_nodes as a multiple of every world size you will run at"
+                                + (" (ranks sharing a lane, more ranks than lanes, works with zephon_torch and "
+                                   "TorchTitan, not with zephon_streaming: each rank's batch is whole lane steps)"
+                                   if self.dp_degree > R else ""))
         per_rank = R // self.dp_degree
         if self.batch_size % per_rank:
             raise ValueError(f"batch_size={self.batch_size} must be a multiple of the {per_rank} lanes each rank owns "
@@ -193,7 +197,8 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
         ``make_loader(lanes, runner, workers)`` signature); the plain whole-rank one is cached (config)."""
         if lanes is None and not emit_state and epoch in self._loaders:
             return self._loaders[epoch]
-        L = Loader(self._datasets, self._ops() + [Batch(self.rows_per_lane, drop_last=True)], weights=self.weights,
+        weights = self.weights.shifted(epoch * self._steps()) if isinstance(self.weights, Schedule) else self.weights
+        L = Loader(self._datasets, self._ops() + [Batch(self.rows_per_lane, drop_last=True)], weights=weights,
                    seed=self._epoch_seed(epoch), canonical_replicas=self.num_canonical_nodes,
                    chunk_size=self.chunk_size, global_batch_size=self.global_batch_size, shuffle=self.shuffle,
                    shuffle_block_size=self.shuffle_block_size, exhaustion=self.exhaustion,

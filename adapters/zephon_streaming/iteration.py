@@ -11,6 +11,7 @@ channel, for ``state_dict``.
 from __future__ import annotations
 
 import os
+import sys
 
 from torch.utils.data import get_worker_info
 
@@ -32,7 +33,10 @@ class RankIteration:
 
     def _iter_rank(self, claim: dict, key: str, W: int, w: int):
         """Samples of the steps DataLoader worker ``w`` of ``W`` hands out (0 workers: every step), whole steps in
-        lane order; each step's lane entries are published before its first sample."""
+        lane order; each step's lane entries are published before its first sample. Raises ValueError (at the
+        first sample) when the DataLoader that drives a worker batches otherwise (``check_host_batch``)."""
+        if W >= 2:
+            check_host_batch(self.batch_size, W, host_batch_size(sys._getframe(1)))
         e, S = claim["epoch"], self.steps_per_epoch
         if claim["k0"] >= S:
             return
@@ -71,3 +75,48 @@ class RankIteration:
         n = len(mb[keys[0]]) if keys else 0
         for i in range(n):
             yield {k: mb[k][i] for k in keys}
+
+
+_NOT_FOUND = object()
+
+
+def host_batch_size(frame, depth: int = 6):
+    """The batch size of the torch DataLoader whose worker is fetching from this generator, read off torch's
+    ``_IterableDatasetFetcher.fetch(possibly_batched_index)`` among the ``depth`` frames above ``frame``: an int
+    (``len(possibly_batched_index)``), None for ``batch_size=None`` (one sample per fetch), or ``_NOT_FOUND``
+    when no such frame is there (another host, or a torch whose fetcher looks otherwise: nothing is checked)."""
+    try:
+        from torch.utils.data._utils.fetch import _IterableDatasetFetcher
+    except ImportError:  # pragma: no cover - a torch without the private fetcher
+        return _NOT_FOUND
+    while frame is not None and depth > 0:
+        if frame.f_code.co_name == "fetch" and isinstance(frame.f_locals.get("self"), _IterableDatasetFetcher):
+            fetcher, index = frame.f_locals["self"], frame.f_locals.get("possibly_batched_index")
+            if not getattr(fetcher, "auto_collation", True):
+                return None
+            try:
+                return len(index)
+            except TypeError:
+                return _NOT_FOUND
+        frame, depth = frame.f_back, depth - 1
+    return _NOT_FOUND
+
+
+def check_host_batch(batch_size: int, num_workers: int, host_batch) -> None:
+    """Refuse a torch DataLoader with ``num_workers`` >= 2 whose batch is not the dataset's ``batch_size``.
+
+    Each worker yields whole steps of ``batch_size`` samples (the rank's batch) and the DataLoader takes each batch
+    from one worker in turn, so another batch size mixes steps of different workers into one batch and the
+    checkpoint (counted in steps) would replay some samples and skip others, silently.
+    batch_size: the dataset's per-rank batch (samples). num_workers: the DataLoader's workers. host_batch: what
+    ``host_batch_size`` found (samples per fetch; None for ``batch_size=None``; ``_NOT_FOUND``: no check).
+    Raises ValueError naming both numbers and what to do."""
+    if host_batch is _NOT_FOUND or host_batch == batch_size:
+        return
+    given = "batch_size=None (one sample per fetch)" if host_batch is None else f"batch_size={host_batch}"
+    raise ValueError(
+        f"torch DataLoader {given} differs from the StreamingDataset's batch_size={batch_size}: with "
+        f"num_workers={num_workers} the DataLoader takes each batch from one worker in turn and each worker yields "
+        f"whole steps of {batch_size} samples, so its batches would mix steps and a checkpoint would repeat some "
+        f"samples and skip others; use DataLoader(dataset, batch_size=dataset.batch_size) (={batch_size}), or "
+        f"zephon_streaming.StreamingDataLoader, or num_workers <= 1")

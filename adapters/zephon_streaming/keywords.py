@@ -93,6 +93,8 @@ def stream_weights(streams, sizes, epoch_size) -> tuple[list[float], int | None,
     ``epoch_value`` the explicit ``epoch_size`` as an int (or None), ``one_pass`` when nothing sets the epoch (a
     single pass over the data). Raises ValueError for mixed relative/absolute weights or
     ``epoch_size`` combined with absolute weights (mosaicml-streaming refuses both too)."""
+    if any(getattr(s, "proportion_schedule", None) is not None for s in streams):
+        return _scheduled_weights(streams, sizes, epoch_size)
     kinds = {("proportion" if s.proportion is not None else "repeat" if s.repeat is not None
               else "choose" if s.choose is not None else None) for s in streams}
     epoch_value = abbrev_to_int(epoch_size) if epoch_size else None
@@ -116,21 +118,49 @@ def stream_weights(streams, sizes, epoch_size) -> tuple[list[float], int | None,
     return [float(c) for c in counts], epoch_value, one_pass
 
 
+def _scheduled_weights(streams, sizes, epoch_size):
+    """``stream_weights`` when a stream has ``proportion_schedule``: a ``zephon.work.Schedule`` over the streams
+    (a plain ``proportion`` is a constant), an endless stream cut into epochs of ``epoch_size`` samples (the caller
+    defaults it to the streams' total)."""
+    from zephon.work import Schedule
+
+    if any(s.repeat is not None or s.choose is not None for s in streams):
+        raise ValueError("Stream(proportion_schedule=...) is relative: the other streams must use proportion or "
+                         "proportion_schedule too, not repeat / choose")
+    if any(s.proportion is None and s.proportion_schedule is None for s in streams):
+        raise ValueError("with Stream(proportion_schedule=...) every stream needs proportion or proportion_schedule "
+                         "(relative weights, as in mosaicml-streaming)")
+    epoch_value = abbrev_to_int(epoch_size) if epoch_size else None
+    if epoch_value is not None and epoch_value < 1:
+        raise ValueError(f"epoch_size must be >= 1, got {epoch_size!r}")
+    schedule = Schedule([s.proportion_schedule if s.proportion_schedule is not None else s.proportion
+                         for s in streams])
+    return schedule, epoch_value, False
+
+
 class Stream:
     """One data source, as ``streaming.Stream``: ``remote`` / ``local`` / ``split`` locate the shards
     (MDS ``index.json``, or JSONL / Parquet files); at most one of ``proportion`` (relative),
     ``repeat`` (samples per epoch = repeat x stream size) or ``choose`` (samples per epoch) sets its
-    mixture weight. With ``remote`` an object-storage URL (``s3://``, ``msc://``, ``gs://``), ``local`` is the
+    mixture weight; Zephon adds ``proportion_schedule``, a relative weight that changes with the global step
+    (``{"step": {step: w}}`` or ``{"linear": {step: w}}``; steps are global batches, counted across epochs;
+    docs/curricula.md). With ``remote`` an object-storage URL (``s3://``, ``msc://``, ``gs://``), ``local`` is the
     cache it is read through, as in Mosaic: shards are downloaded into it on first use (``download_retry``
     re-attempts of ``download_timeout`` seconds each; ``.zstd`` / ``.gz`` shards decompressed there, the
     compressed copy kept with ``keep_zip``), ``validate_hash`` checked on each download (see docs/remote.md).
     Raises ValueError for more than one weight or a weight that is not a finite number > 0."""
 
     def __init__(self, *, remote=None, local=None, split=None, proportion=None, repeat=None, choose=None,
-                 download_retry=None, download_timeout=None, validate_hash=None, keep_zip=None):
-        given = [n for n, v in (("proportion", proportion), ("repeat", repeat), ("choose", choose)) if v is not None]
+                 download_retry=None, download_timeout=None, validate_hash=None, keep_zip=None,
+                 proportion_schedule=None):
+        given = [n for n, v in (("proportion", proportion), ("repeat", repeat), ("choose", choose),
+                                ("proportion_schedule", proportion_schedule)) if v is not None]
         if len(given) > 1:
-            raise ValueError(f"Stream: at most one of proportion, repeat and choose may be given, got {given}")
+            raise ValueError(f"Stream: at most one of proportion, repeat and choose (or proportion_schedule) may be "
+                             f"given, got {given}")
+        if proportion_schedule is not None:  # checked here, so the error names the stream's keyword
+            from zephon.work.schedule import check_weight
+            check_weight(proportion_schedule, "Stream: proportion_schedule")
         for n, v in (("proportion", proportion), ("repeat", repeat), ("choose", choose)):
             if v is None:
                 continue
@@ -141,6 +171,7 @@ class Stream:
             raise ValueError(f"Stream: choose must be a whole number of samples, got {choose!r}")
         self.remote, self.local, self.split = remote, local, split
         self.proportion, self.repeat, self.choose = proportion, repeat, choose
+        self.proportion_schedule = proportion_schedule
         self.download_retry, self.download_timeout = download_retry, download_timeout
         self.validate_hash, self.keep_zip = validate_hash, keep_zip
 

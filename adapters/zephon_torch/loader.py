@@ -76,8 +76,8 @@ class _RankStateMixin:
         return self._session.dropped_rows
 
     def _assembled(self, items):
-        for group in self._session.ordered_groups(items):
-            yield _concat(group)
+        # _concat runs before the group counts as consumed: an exception in it loses nothing.
+        yield from self._session.ordered_groups(items, build=_concat)
 
     def _before_iter(self):
         # A new iteration (or the first after load_state_dict) starts from what was consumed.

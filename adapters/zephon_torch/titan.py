@@ -47,7 +47,8 @@ class ZephonTextDataLoader(_Base):
     ``Config`` fields (TorchTitan's ``dataset_path`` plus Zephon's): ``dataset_path`` one or more inputs
     separated by ``,`` (JSONL/Parquet/MDS files, directories or globs), ``weights`` (same count, default
     equal), ``text_field`` ("text"), ``canonical_replicas`` (lanes, fixed for the run: every dp degree used
-    must divide it), ``seed``, ``shuffle_buffer`` (rows, 0 = off), ``chunk_size``, ``num_workers``
+    must divide it or be a multiple of it, ranks then sharing lanes: docs/distributed.md), ``seed``,
+    ``shuffle_buffer`` (rows, 0 = off), ``chunk_size``, ``num_workers``
     (DataLoader workers; may change between runs), ``prefetch_factor``, ``pin_memory``,
     ``persistent_workers`` (False only), ``infinite``.
     Keyword arguments as torchtitan passes them: ``dp_world_size``, ``dp_rank``, ``tokenizer`` (a
@@ -56,7 +57,8 @@ class ZephonTextDataLoader(_Base):
     dp_world_size`` is the global batch and must be a multiple of ``canonical_replicas``),
     ``snapshot_every_n_steps`` (accepted as in ``HuggingFaceTextDataLoader``; no effect, the state is exact
     at every step).
-    Raises ``TopologyError`` for a dp degree that does not divide ``canonical_replicas``, ``ValueError``
+    Raises ``TopologyError`` for a dp degree that neither divides ``canonical_replicas`` nor is a multiple of it,
+    ``ValueError``
     for inconsistent sizes, ``CheckpointError`` from ``load_state_dict`` for another config."""
 
     @dataclass(kw_only=True, slots=True)
@@ -101,7 +103,9 @@ class ZephonTextDataLoader(_Base):
         if global_batch % config.canonical_replicas:
             raise ValueError(f"global batch {global_batch} (local_batch_size {local_batch_size} x dp {dp_world_size}) "
                              f"is not a multiple of canonical_replicas={config.canonical_replicas}")
-        ops.append(Batch(global_batch // config.canonical_replicas))  # one local micro-batch = the local batch
+        # One local micro-batch = the local batch: a lane's step, or (more ranks than lanes, sharing each lane)
+        # this rank's block of it. The micro-batch size is not in the checkpoint's config: dp may cross R.
+        ops.append(Batch(global_batch // max(config.canonical_replicas, dp_world_size)))
         self.dataset = ZephonIterableDataset(
             datasets, ops, dp_degree=dp_world_size, dp_rank=dp_rank, weights=config.weights or None,
             seed=config.seed, canonical_replicas=config.canonical_replicas, chunk_size=config.chunk_size,

@@ -7,8 +7,11 @@ from .schema import CheckpointError, lane_ranges, make_state, validate
 def merge_states(states, *, complete: bool = True) -> dict:
     """Merge per-rank checkpoints into one global checkpoint that any dp_degree can restore.
 
-    ``states``: iterable of checkpoint dicts (each with a subset of the lanes). Raises
-    ``CheckpointError`` if fingerprints differ, a lane appears twice with different content, or (with
+    ``states``: iterable of checkpoint dicts (each with a subset of the lanes), in rank order. A lane may be
+    in several states (ranks that share it, ``dp_degree`` a multiple of ``canonical_replicas``) only with
+    identical entries: sharing ranks checkpoint at a step boundary. Raises ``CheckpointError`` if
+    fingerprints differ, a lane appears twice with different content (naming the lane, the two states'
+    positions in ``states`` and where each one is), or (with
     ``complete``, the default) any of the ``canonical_replicas`` lanes is missing (named). ``complete=False``
     merges what is there (e.g. the rank states one rank could read); restoring it then names the lanes a
     loader needs and it lacks."""
@@ -19,13 +22,30 @@ def merge_states(states, *, complete: bool = True) -> dict:
     for s in states:
         validate(s, first.get("fingerprint"), first.get("config", {}))
     merged: dict[int, dict] = {}
-    for s in states:
+    first_in: dict[int, int] = {}  # lane -> index of the first state holding it
+    for i, s in enumerate(states):
         for e in s["lanes"]:
-            if e["lane"] in merged and merged[e["lane"]] != e:
-                raise CheckpointError(f"lane {e['lane']} is in two rank states with different content")
-            merged[e["lane"]] = e
+            lane = e["lane"]
+            if lane in merged and merged[lane] != e:
+                raise CheckpointError(_conflict(lane, first_in[lane], merged[lane], i, e, s["rows_per_lane_step"]))
+            merged[lane] = e
+            first_in.setdefault(lane, i)
     r = first["canonical_replicas"]
     missing = sorted(set(range(r)) - set(merged))
     if missing and complete:
         raise CheckpointError(f"merged checkpoint lacks lanes {lane_ranges(missing)} of {r}: a rank's state is missing")
     return make_state(first["fingerprint"], first["config"], r, first["rows_per_lane_step"], list(merged.values()))
+
+
+def _conflict(lane: int, i: int, a: dict, k: int, b: dict, rows_per_lane_step: int) -> str:
+    """The message for lane ``lane`` found in states ``i`` and ``k`` (positions in the list: ranks when the
+    list is in rank order) with different entries ``a`` and ``b``."""
+    def where(e):
+        step, row = divmod(e.get("delivered_rows", 0), rows_per_lane_step)
+        return f"{e.get('delivered_rows')} rows delivered (step {step}" + (f", row {row} of it)" if row else ")")
+    hint = ("ranks that share a lane (dp_degree a multiple of canonical_replicas) must all checkpoint after the "
+            "same step, at a step boundary (after the last micro-batch of the step); re-save after a whole step"
+            if a.get("delivered_rows") != b.get("delivered_rows") else
+            "they are at the same row but their cursors differ (states of two different runs?)")
+    return (f"lane {lane} is in rank states {i} and {k} (positions in the list merged) with different content: "
+            f"state {i} has {where(a)}, state {k} has {where(b)}; {hint}")

@@ -109,6 +109,19 @@ def digest(obj) -> str:
     return hashlib.sha256(canonical_json(obj).encode()).hexdigest()
 
 
+def _without_schedule(config):
+    """``config`` with ``work.schedule`` left out: a mixture schedule is compared up to the checkpoint's
+    position by the loader (``WorkSource.check_resume``), so a run can append a phase and resume."""
+    if not isinstance(config, dict) or not isinstance(config.get("work"), dict) or "schedule" not in config["work"]:
+        return config
+    return {**config, "work": {k: v for k, v in config["work"].items() if k != "schedule"}}
+
+
+def config_digest(config: dict) -> str:
+    """The config fingerprint: ``digest`` of the config without its mixture schedule (see ``_without_schedule``)."""
+    return digest(_without_schedule(config))
+
+
 def summarize_config(config: dict) -> dict:
     """A compact view of the config for "what differs" messages: dataset fingerprints (which list
     every shard) are replaced by name, shard count, sample count and a digest."""
@@ -153,10 +166,11 @@ def config_diff(expected, found, path="") -> list[str]:
     return []
 
 
-def validate(state, fingerprint: str, summary: dict, lanes=None) -> dict:
+def validate(state, fingerprint: str, summary: dict, lanes=None, resume_check=None) -> dict:
     """Check ``state`` (a checkpoint dict) against this loader's config and, if ``lanes`` is given,
-    that each of them is present. Returns ``{lane: lane_state}``. Raises ``CheckpointError`` that says
-    what differs or which lanes are missing."""
+    that each of them is present. ``resume_check(state)``, when given, decides on a config whose mixture
+    schedule differs (raising ``ValueError`` to refuse); without it the schedules must be equal. Returns
+    ``{lane: lane_state}``. Raises ``CheckpointError`` that says what differs or which lanes are missing."""
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         fmt = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"not a Zephon checkpoint (format {fmt!r}, expected {FORMAT!r})")
@@ -172,13 +186,18 @@ def validate(state, fingerprint: str, summary: dict, lanes=None) -> dict:
     lanes_list = state.get("lanes")
     if not isinstance(lanes_list, list) or state.get("lanes_sha256") != digest(lanes_list):
         raise CheckpointError("checkpoint lane entries were altered or truncated (lanes_sha256 does not match)")
-    _check_derived(state, summary, lanes_list)
+    _check_derived(state, summary, lanes_list, schedule_checked=resume_check is not None)
     by_lane = {}
     for entry in lanes_list:
         LaneCursor.from_dict(entry)
         if entry["lane"] in by_lane and by_lane[entry["lane"]] != entry:
             raise CheckpointError(f"lane {entry['lane']} appears twice with different states")
         by_lane[entry["lane"]] = entry
+    if resume_check is not None:
+        try:
+            resume_check(state)
+        except ValueError as e:
+            raise CheckpointError(f"checkpoint was made with another mixture schedule: {e}") from None
     if lanes is not None:
         missing = sorted(set(lanes) - set(by_lane))
         if missing:
@@ -187,11 +206,13 @@ def validate(state, fingerprint: str, summary: dict, lanes=None) -> dict:
     return by_lane
 
 
-def _check_derived(state: dict, summary: dict, lanes_list: list) -> None:
+def _check_derived(state: dict, summary: dict, lanes_list: list, schedule_checked: bool = False) -> None:
     """The fields outside the lane entries repeat what the config and the lanes say: an edited copy is
-    refused instead of being read by whoever trusts, say, ``step``."""
+    refused instead of being read by whoever trusts, say, ``step``. ``schedule_checked``: the mixture
+    schedule is left to the caller's ``resume_check``."""
     summary = json.loads(canonical_json(summary))  # as it reads back from JSON (tuples become lists)
-    if state.get("config") != summary:
+    strip = _without_schedule if schedule_checked else (lambda c: c)
+    if strip(state.get("config")) != strip(summary):
         diffs = config_diff(summary, state.get("config", {}))
         raise CheckpointError("checkpoint config summary was edited (the fingerprint matches this loader, the "
                               "summary does not): " + ("; ".join(diffs) or "structure differs"))

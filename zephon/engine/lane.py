@@ -12,8 +12,10 @@ the rows already delivered.
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 
 from ..ops.base import RecordError
+from ..formats import DataError
 from .stage import error_for
 
 import numpy as np
@@ -58,10 +60,12 @@ class LanePipeline:
     """One lane's pipeline on the pump: dispatch, sequence reorder, accumulators, row buffer, lane cursor.
 
     ``chain``: operators after the worker stage, in order (accumulators get one instance per lane;
-    stateless ones run inline here). ``start``: the lane's checkpoint entry or None (fresh)."""
+    stateless ones run inline here). ``start``: the lane's checkpoint entry or None (fresh). ``ledger``: the
+    loader's ``stage.SkipLedger`` (per-dataset skip limits) or None. ``dry_limit``: pointers the lane may
+    release without producing a row before that is an error (None: no limit; see ``Loader``)."""
 
     def __init__(self, lane: int, source, chain_ops, datasets, *, span: int, unit_size: int,
-                 start: dict | None = None):
+                 start: dict | None = None, ledger=None, dry_limit: int | None = None):
         self.lane = lane
         self.source = source
         self.datasets = datasets
@@ -75,9 +79,11 @@ class LanePipeline:
         if first % span:
             raise ValueError(f"lane {lane}: sentinel at pointer {first} is not a multiple of the flush span {span}")
         self.span_index = first // span                              # span being produced
-        self.cursor_span = self.span_index                          # span of the next row to deliver
-        self.cursor_rows = start["replay_cursor"]               # rows of cursor_span delivered
-        self.delivered_rows = start["delivered_rows"]
+        # (span of the next row to deliver, rows of that span delivered, rows delivered in all (padding included),
+        # buffered rows taken by this pipeline): one tuple, so a delivery commits with a single attribute store
+        # that no signal can split (see ``cursor_after``); ``drop`` then frees the taken rows, idempotently.
+        self.cursor = (self.span_index, start["replay_cursor"], start["delivered_rows"], 0)
+        self.queued = 0  # rows ever put in the buffer: each buffered row is (span, row, its index among them)
         self.replay_span, self.replay_skip = self.span_index, start["replay_cursor"]
         self.replayed_rows = 0
         self.produced = 0        # rows produced in this span so far
@@ -86,7 +92,7 @@ class LanePipeline:
         if start.get("carry"):
             self.carried[self.span_index] = start["carry"]
         self._resume_carry = start.get("carry") or None  # regenerate before the span's first unit
-        self.rows: deque = deque()  # (span, row) ready for the tail
+        self.rows: deque = deque()  # (span, row, k) ready for the tail
         # dispatch side
         self.next_chunk, self.start_offset = divmod(first, self.cs)
         self.cur = None          # ChunkPointers being cut into units
@@ -102,6 +108,8 @@ class LanePipeline:
         self.skipped = 0
         self.skipped_messages: list[str] = []
         self.filtered = 0
+        self.ledger, self.dry_limit = ledger, dry_limit
+        self.dry = 0  # pointers released since this lane last produced a row
 
     # -- dispatch ---------------------------------------------------------------------------
     def inflight(self) -> int:
@@ -198,7 +206,16 @@ class LanePipeline:
         room = 20 - len(self.skipped_messages)
         self.skipped_messages.extend(res.skipped_messages[:max(0, room)])
         self.filtered += res.filtered
+        if self.ledger is not None:
+            self.ledger.add(res)
+        self.dry += sum(res.seen.values())
         self._emit(self._push_chain(res.records))
+        if self.dry_limit is not None and self.dry > self.dry_limit:
+            raise DataError(f"lane {self.lane} produced no row from the last {self.dry} samples it read (more than "
+                            f"a whole pass of the data, {self.dry_limit}): every sample is skipped ({self.skipped}) "
+                            f"or filtered ({self.filtered}) on the way; first errors: "
+                            f"{'; '.join(self.skipped_messages[:3]) or 'none'}. Check the filters, on_error and "
+                            f"the field names")
 
     def _push_chain(self, records: list) -> list:
         return self._run_chain(records, flush=False)[0]
@@ -254,36 +271,74 @@ class LanePipeline:
 
     def _emit(self, rows: list) -> None:
         self.total_produced += len(rows)
+        if rows:
+            self.dry = 0
         for row in rows:
             self.produced += 1
             if self.span_index == self.replay_span and self.produced <= self.replay_skip:
                 self.replayed_rows += 1  # delivered before the checkpoint: regenerate, don't repeat
                 continue
-            self.rows.append((self.span_index, row))
+            self.rows.append((self.span_index, row, self.queued))
+            self.queued += 1
 
     # -- tail side ----------------------------------------------------------------------------
-    def take(self, n: int) -> list:
-        """Pop up to ``n`` rows and advance the replay cursor (they count as delivered)."""
-        out = []
-        while self.rows and len(out) < n:
-            span, row = self.rows.popleft()
-            if span != self.cursor_span:
-                self.cursor_span, self.cursor_rows = span, 0
-                self.sealed_rows = {k: v for k, v in self.sealed_rows.items() if k >= span}
-                self.carried = {k: v for k, v in self.carried.items() if k >= span}
-            self.cursor_rows += 1
-            self.delivered_rows += 1
-            out.append(row)
+    def peek(self, n: int) -> list:
+        """The next ``n`` rows (fewer at the end) without taking them: they count as delivered only once
+        ``take`` commits them (after the consumer has the micro-batch built from them)."""
+        return [row for _, row, _ in islice(self.rows, n)]
+
+    @property
+    def cursor_span(self) -> int:
+        return self.cursor[0]
+
+    @property
+    def cursor_rows(self) -> int:
+        return self.cursor[1]
+
+    @property
+    def delivered_rows(self) -> int:
+        return self.cursor[2]
+
+    def cursor_after(self, n: int, pad: int = 0) -> tuple[int, int, int, int]:
+        """``cursor`` once the next ``n`` buffered rows (fewer at the end) and ``pad`` padding rows are
+        delivered; nothing changes now. Committing is ``lane.cursor = that``, then ``drop()``."""
+        s, r, total, taken = self.cursor
+        for span, _, _ in islice(self.rows, n):
+            if span != s:
+                s, r = span, 0
+            r += 1
+            total += 1
+            taken += 1
+        return s, r, total + pad, taken
+
+    def drop(self) -> None:
+        """Free the buffered rows ``cursor`` counts as taken (idempotent; an interrupt here loses nothing:
+        checkpoints read ``cursor`` only, and the next call finishes the job)."""
+        taken = self.cursor[3]
+        while self.rows and self.rows[0][2] < taken:
+            self.rows.popleft()
+        span = self.cursor[0]
+        if min(self.sealed_rows, default=span) < span:
+            self.sealed_rows = {k: v for k, v in self.sealed_rows.items() if k >= span}
+        if min(self.carried, default=span) < span:
+            self.carried = {k: v for k, v in self.carried.items() if k >= span}
+
+    def take(self, n: int, pad: int = 0) -> list:
+        """Pop up to ``n`` rows and advance the replay cursor: they count as delivered, with ``pad``
+        padding rows of the same micro-batch."""
+        out = self.peek(n)
+        self.cursor = self.cursor_after(n, pad)
+        self.drop()
         return out
 
-    def state(self) -> dict:
-        """This lane's cursor as a checkpoint entry (plain JSON data)."""
-        s, r = self.cursor_span, self.cursor_rows
+    def state(self, cursor: tuple | None = None) -> dict:
+        """This lane's ``cursor`` (default: the current one) as a checkpoint entry (plain JSON data)."""
+        s, r, total, _ = self.cursor if cursor is None else cursor
         if self.sealed_rows.get(s) == r:  # that span is fully delivered: resume at the next one
             s, r = s + 1, 0
         chunk, offset = divmod(s * self.span, self.cs)
         entry = {"lane": self.lane, "sentinel_chunk": chunk, "sentinel_offset": offset, "replay_cursor": r,
-                 "delivered_rows": self.delivered_rows}
+                 "delivered_rows": total}
         if self.carried.get(s):
             entry["carry"] = self.carried[s]
         return entry

@@ -11,43 +11,15 @@ import logging
 import math
 
 from ..ops.batch import Batch, collate, padding_row
-from ..work import WorkSource, lanes_for_rank
+from ..work import WorkSource, check_share_rows, lane_share, lanes_for_rank
 from .. import checkpoint as ckpt
 from .lane import LanePipeline, carrier_indexes
-from .runners import Runner, make_runner
-from .stage import WorkStage
+from .checks import check_datasets, check_finite_lanes, check_ops
+from .runners import RUNNERS, Runner, make_runner
+from .sharing import shared_micro_batches
+from .stage import DEFAULT_MAX_SKIP_FRACTION, SkipLedger, WorkStage
 
 log = logging.getLogger("zephon")
-
-
-def _check_ops(ops, num_datasets: int) -> None:
-    """Catch operator combinations that would fail at the first unlucky record, at construction."""
-    from ..ops import EnsureMixture, Pack, Tokenize
-
-    tok_max = None
-    for op in ops:
-        if isinstance(op, Tokenize):
-            tok_max = op.max_length if op.max_length is not None else float("inf")
-        elif isinstance(op, Pack):
-            if tok_max is None:
-                raise ValueError("Pack needs tokenized records: put a Tokenize operator before it")
-            if tok_max > op.max_length:
-                raise ValueError(f"Tokenize(max_length={op.max_length if tok_max == float('inf') else tok_max}) "
-                                 f"lets documents longer than Pack(max_length={op.max_length}) through; "
-                                 f"use Tokenize(max_length={op.max_length})")
-        elif isinstance(op, EnsureMixture) and len(op.weights) != num_datasets:
-            raise ValueError(f"EnsureMixture has {len(op.weights)} weights for {num_datasets} datasets")
-
-
-def _check_finite_lanes(source) -> None:
-    """A finite pass splits its positions evenly over the lanes (to within one). With fewer positions than
-    lanes, some lanes get none: with drop_last not one step could complete, and without it a rank whose lanes
-    are all empty would have no row to shape its padding on, at some dp degrees only. Refuse it at any dp."""
-    total, r = source.total_positions, source.canonical_replicas
-    if total < r:
-        raise ValueError(f"a finite pass of {total} samples over canonical_replicas={r} lanes leaves "
-                         f"{r - total} lanes without a sample; use canonical_replicas <= {total} (or repeat the "
-                         f"data: exhaustion='repeat' or 'fill')")
 
 
 class Loader:
@@ -72,7 +44,11 @@ class Loader:
             shuffle buffer is drained there. Default (None): ``min(chunk_size, 256)`` pointers, or the
             largest ``Shuffle`` buffer_size when larger (so the buffer can fill: a restore then replays
             at most what a cold start fills), which keeps a restore near a cold start at any chunk size.
-        dp_degree, dp_rank, lane_assignment: this rank's lanes (``work.lanes_for_rank``).
+        dp_degree, dp_rank, lane_assignment: this rank's lanes (``work.lanes_for_rank``). A ``dp_degree``
+            that is a multiple of ``canonical_replicas`` makes ``lane_shares = dp_degree / canonical_replicas``
+            ranks share each lane: each runs the whole lane and yields block ``share_index`` of each step's
+            rows (``rows_per_rank_step`` rows; ``engine.sharing``); ``rows_per_lane_step`` must then be a
+            multiple of ``lane_shares * micro_batch_size``.
         lanes: own only this subset of the rank's lanes (a host loader worker's share,
             ``host.worker_lanes``); ``rank_lanes`` keeps the whole rank's. ``[]`` yields nothing.
         emit_state: add ``__state__`` to every micro-batch: its lane's checkpoint entry once that
@@ -82,6 +58,12 @@ class Loader:
             them (default); False leaves a lane's last micro-batch short and ends each lane on its own (a
             host whose batches cannot hold padding rows, such as Energon's TaskEncoder batches).
         runner: ``"inline"``, ``"threads"``, ``"processes"`` or a ``Runner`` to share; ``num_workers``.
+        max_skip_fraction: the largest fraction (0..1, default 0.5) of a dataset's samples that
+            ``on_error="skip"`` may skip, or a list with one per dataset; judged per dataset over what this
+            loader read, once 100 of its samples (or this loader's share of one pass, if fewer) were seen.
+            Past it, ``DataError`` names the dataset, the fraction and the first errors. An endless stream
+            also raises when a dataset gives no record from as many samples as it holds, or a lane no row
+            from a whole pass of the data (every sample skipped or filtered): never a silent spin.
         unit_size: pointers per unit of worker work (a performance knob only).
     Iterating yields micro-batch dicts (``ops.collate`` of rows) with ``__lane__``, ``__step__`` and
     ``__micro__``; within a step, micro-batch ``j`` of every owned lane in lane order, then ``j + 1``.
@@ -93,7 +75,8 @@ class Loader:
     padding rows) so every owned lane delivers the same steps (across ranks: ``zephon.host.RankSession``).
     Set ``global_batch_size`` explicitly when the micro-batch size may change between runs: its
     default (``canonical_replicas * micro_batch_size``) would change with it.
-    Raises ``TopologyError`` for a dp_degree that does not divide ``canonical_replicas``, ``ValueError``
+    Raises ``TopologyError`` for a dp_degree that neither divides ``canonical_replicas`` nor is a multiple of
+    it (or, sharing lanes, a step that does not split into equal blocks of micro-batches), ``ValueError``
     for inconsistent batch sizes, ``formats.DataError`` for bad input while iterating.
     """
 
@@ -102,8 +85,9 @@ class Loader:
                  shuffle_block_size: int | None = None, exhaustion: str = "repeat",
                  flush_every_k_chunks: float | None = None, dp_degree: int = 1, dp_rank: int = 0,
                  lane_assignment: str = "contiguous", runner="threads", num_workers: int = 2,
-                 unit_size: int = 256, lanes=None, emit_state: bool = False, pad_tail: bool = True):
-        self.datasets = list(datasets)
+                 unit_size: int = 256, lanes=None, emit_state: bool = False, pad_tail: bool = True,
+                 max_skip_fraction=DEFAULT_MAX_SKIP_FRACTION):
+        self.datasets = check_datasets(datasets)
         ops = list(ops)
         self.batch = ops.pop() if ops and isinstance(ops[-1], Batch) else Batch(1)
         if any(isinstance(op, Batch) for op in ops):
@@ -116,8 +100,9 @@ class Loader:
             raise ValueError(f"global_batch_size and unit_size must be >= 1, got {global_batch_size}, {unit_size}")
         self.source = WorkSource(self.datasets, weights, seed=seed, canonical_replicas=canonical_replicas,
                                  chunk_size=chunk_size, shuffle=shuffle, shuffle_block_size=shuffle_block_size,
-                                 exhaustion=exhaustion, fill_multiple=self.global_batch_size)
-        _check_ops(ops, len(self.datasets))
+                                 exhaustion=exhaustion, fill_multiple=self.global_batch_size,
+                                 step_size=self.global_batch_size)
+        check_ops(ops, len(self.datasets))
         if self.global_batch_size % canonical_replicas:
             raise ValueError(f"global_batch_size={self.global_batch_size} is not a multiple of "
                              f"canonical_replicas={canonical_replicas}")
@@ -137,9 +122,12 @@ class Loader:
         self.unit_size = unit_size
         self.finite = self.source.total_positions is not None
         if self.finite and (self.batch.drop_last or pad_tail):
-            _check_finite_lanes(self.source)
+            check_finite_lanes(self.source)
         self.dp_degree, self.dp_rank = dp_degree, dp_rank
         self.rank_lanes = lanes_for_rank(canonical_replicas, dp_degree, dp_rank, lane_assignment)
+        # dp_degree a multiple of canonical_replicas: ranks share a lane, each keeping a block of its steps
+        self.lane_shares, self.share_index = lane_share(canonical_replicas, dp_degree, dp_rank, lane_assignment)
+        self.rows_per_rank_step = check_share_rows(self.rows_per_lane_step, m, self.lane_shares)
         if lanes is None:
             self.lanes = list(self.rank_lanes)
         else:
@@ -155,6 +143,9 @@ class Loader:
         if isinstance(runner, Runner) and runner.stage.fingerprint() != self.stage.fingerprint():
             raise ValueError("the shared runner was built for other datasets or operators; build it with "
                              "make_runner(name, loader.stage) from a loader of the same config")
+        if not isinstance(runner, Runner) and runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {', '.join(map(repr, RUNNERS))} or a Runner to share "
+                             f"(make_runner(name, loader.stage)), got {runner!r}")
         if not isinstance(runner, Runner) and runner != "inline" and (not isinstance(num_workers, int)
                                                                       or num_workers < 1):
             raise ValueError(f"num_workers must be an int >= 1 for runner={runner!r}, got {num_workers!r}")
@@ -164,11 +155,14 @@ class Loader:
         self.config = {"version": 1, "algorithm": ckpt.ALGORITHM_VERSION, "work": self.source.fingerprint(),
                        "ops": [op.fingerprint() for op in ops] + [self.batch.fingerprint()],
                        "global_batch_size": self.global_batch_size, "flush_span": self.flush_span}
-        self.fingerprint = ckpt.digest(self.config)
+        self.fingerprint = ckpt.config_digest(self.config)  # a schedule is compared by source.check_resume
         self.summary = ckpt.summarize_config(self.config)
         self._state: dict[int, LanePipeline] = {}
         self._pending: dict | None = None
         self._generation = 0  # bumped by iter() and restore(): an older iterator must stop
+        self._handed = None  # (LanePipeline, rows, padding rows) of the micro-batch last yielded, uncommitted
+        self.max_skip_fraction = max_skip_fraction
+        self._new_ledger()  # validates max_skip_fraction now
         self.dropped_rows = 0
         self.padded_rows = 0
         self._template = None  # a delivered row: the shape of padding rows
@@ -181,7 +175,10 @@ class Loader:
     # -- checkpoints --------------------------------------------------------------------------
     def checkpoint(self) -> dict:
         """This rank's state: JSON-serialisable, a few dozen bytes per owned lane. Reflects what was
-        yielded so far. Merge all ranks' states with ``merge_states`` to restore at another dp_degree."""
+        yielded so far (the micro-batch last yielded counts: the consumer has it, even when an exception
+        interrupted it right after). Merge all ranks' states with ``merge_states`` to restore at another
+        dp_degree."""
+        self._commit_handed()
         if self._pending is not None:
             entries = [self._pending[lane] for lane in self.lanes]
         elif self._state:
@@ -194,7 +191,8 @@ class Loader:
     def restore(self, state: dict) -> None:
         """Validate ``state`` now (raises ``CheckpointError`` saying what differs or which lanes are
         missing); apply it when iteration next starts. A global (merged) or this rank's own state."""
-        by_lane = ckpt.validate(state, self.fingerprint, self.summary, lanes=self.lanes)
+        by_lane = ckpt.validate(state, self.fingerprint, self.summary, lanes=self.lanes,
+                                resume_check=self.source.check_resume)
         for lane in self.lanes:
             e = by_lane[lane]
             first = e["sentinel_chunk"] * self.source.chunk_size + e["sentinel_offset"]
@@ -206,10 +204,12 @@ class Loader:
                 raise ckpt.CheckpointError(f"lane {lane}: the checkpoint carries records into operator(s) {bad}, "
                                            f"which carry nothing in this pipeline (an edited checkpoint?)")
         self._pending = {lane: dict(by_lane[lane]) for lane in self.lanes}
+        self._handed = None  # the restored state replaces what was delivered
         self._generation += 1
 
     # -- iteration ------------------------------------------------------------------------------
     def _start(self) -> None:
+        self._commit_handed()
         if self._pending is not None:
             entries = self._pending
         else:  # a new iteration continues where the last one stopped
@@ -217,10 +217,35 @@ class Loader:
         self._pending = None
         if self._runner is None:
             self._runner = make_runner(self._runner_spec, self.stage, self.num_workers)
+        ledger, dry_limit = self._new_ledger(), self._dry_limit()
         self._state = {lane: LanePipeline(lane, self.source, self.chain_ops, self.datasets, span=self.flush_span,
-                                       unit_size=self.unit_size, start=entries.get(lane)) for lane in self.lanes}
+                                       unit_size=self.unit_size, start=entries.get(lane), ledger=ledger,
+                                       dry_limit=dry_limit) for lane in self.lanes}
+
+    def _new_ledger(self) -> SkipLedger:
+        """Per-dataset skip accounting for one iteration (``stage.SkipLedger``)."""
+        R, n = self.canonical_replicas, max(1, len(self.lanes))
+        share = [-(-size * n // R) for size in self.source.sizes]
+        return SkipLedger(self.datasets, self.max_skip_fraction, share, self.source.sizes, endless=not self.finite)
+
+    def _dry_limit(self) -> int | None:
+        """Pointers a lane of an endless stream may read without producing a row: a whole pass of the data
+        (every dataset once at its mixture weight, as if one lane read it all) plus two flush spans and a
+        unit. A lane past that can produce nothing (every sample skipped or filtered): an error, not a spin."""
+        if self.finite:
+            return None
+        w = self.source.mixture.weights
+        total = sum(w)
+        full = max([-(-size * total // w[d]) for d, size in enumerate(self.source.sizes) if size] or [0])
+        return full + 2 * self.flush_span + self.unit_size
 
     def __iter__(self):
+        if self.lane_shares > 1:  # more ranks than lanes: keep this rank's block of each step
+            return shared_micro_batches(self, self._steps())
+        return self._steps()
+
+    def _steps(self):
+        """The owned lanes' micro-batches (every block of a shared lane's steps; see ``__iter__``)."""
         if not self.lanes:  # a host worker with no share of the lanes: end at once, start nothing
             return
         self._start()
@@ -264,23 +289,42 @@ class Loader:
                     if generation != self._generation:
                         raise RuntimeError("this iterator was superseded by a newer iter() or restore() on the "
                                            "same Loader; iterate the newest one")
-                    rows = lanes[lane].take((j + 1) * m - start)
+                    # Rows count as delivered only once the consumer has their micro-batch: peek, build
+                    # everything, mark it handed (a plain store, nothing in between that can raise) and
+                    # commit it when the consumer asks for more (or checkpoint()/iter()/restore() does).
+                    rows = lanes[lane].peek((j + 1) * m - start)
                     if rows and self._template is None:
                         self._template = rows[0]
-                    n_pad = (j + 1) * m - start - len(rows) if pad else 0
+                    n_real = len(rows)
+                    n_pad = (j + 1) * m - start - n_real if pad else 0
                     if n_pad:
                         rows += self._padding(n_pad)
-                        lanes[lane].delivered_rows += n_pad
-                        self.padded_rows += n_pad
                     if rows:
                         mb = collate(rows)
                         mb["__lane__"], mb["__step__"], mb["__micro__"] = lane, step, j
                         if n_pad:
                             mb["__pad__"] = n_pad
+                        after = lanes[lane].cursor_after(n_real, n_pad)  # the lane's cursor once mb is consumed
                         if self.emit_state:
-                            mb["__state__"] = lanes[lane].state()
+                            mb["__state__"] = lanes[lane].state(after)
                             mb["__rows__"] = len(rows)
+                        self._handed = (lanes[lane], after, n_real, n_pad)
                         yield mb
+                        self._commit_handed()
+                        lanes[lane].drop()  # finishes a drop an interrupted checkpoint() left (idempotent)
+
+    def _commit_handed(self) -> None:
+        """Count the micro-batch last yielded (``_handed``) as delivered. Safe against an interrupt anywhere
+        inside: the commit is one store of the lane's precomputed cursor (idempotent), and ``_handed`` is
+        cleared only after it; what follows only frees memory (a dead iterator's buffers are never reused)."""
+        handed = self._handed
+        if handed is None:
+            return
+        st, after, n_real, n_pad = handed
+        st.cursor = after
+        self._handed = None
+        self.padded_rows += n_pad
+        st.drop()
 
     def _padding(self, n: int) -> list[dict]:
         """``n`` padding rows shaped like a delivered row (``ops.batch.padding_row``). Raises ``RuntimeError``
@@ -288,7 +332,7 @@ class Loader:
         if self._template is None:
             for st in self._state.values():
                 if st.rows:
-                    self._template = st.rows[0][1]
+                    self._template = st.rows[0][1]  # (span, row, k)
                     break
             else:
                 self._template = self.empty_row()
@@ -357,6 +401,7 @@ class Loader:
         step without it (this iteration). ``delivered_rows``: yielded since the start of
         training (restored counts included; the checkpoint's per-lane ``delivered_rows`` also counts
         dropped rows, as consumed)."""
+        self._commit_handed()
         sts = list(self._state.values())
         msgs = [m for s in sts for m in s.skipped_messages][:20]
         return {"skipped": sum(s.skipped for s in sts), "skipped_messages": msgs,

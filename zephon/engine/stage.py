@@ -18,12 +18,17 @@ MAX_REPORTED = 20  # skipped-sample messages kept per unit for the report
 @dataclass
 class UnitResult:
     """What a worker returns for one unit: records in pointer order, counts, and the ``DataError`` of
-    bad input (returned, not raised, so the pump raises it in sequence order)."""
+    bad input (returned, not raised, so the pump raises it in sequence order). ``seen``, ``skipped_by``,
+    ``kept_by``: per dataset id, the unit's pointers, samples skipped (``on_error="skip"``) and records out
+    of the worker stage (plain dicts, for ``SkipLedger``)."""
     records: list = field(default_factory=list)
     skipped: int = 0
     skipped_messages: list = field(default_factory=list)
     filtered: int = 0
     error: DataError | None = None
+    seen: dict = field(default_factory=dict)
+    skipped_by: dict = field(default_factory=dict)
+    kept_by: dict = field(default_factory=dict)
 
 
 def error_for(datasets, src, message: str) -> DataError:
@@ -58,6 +63,9 @@ class WorkStage:
                 if op.name == "filter":
                     res.filtered += before - len(records)
             res.records = records
+            for r in records:
+                d = r["__src__"][0]
+                res.kept_by[d] = res.kept_by.get(d, 0) + 1
         except RecordError as e:
             res.error = error_for(self.datasets, e.src, str(e))
         except DataError as e:
@@ -75,6 +83,7 @@ class WorkStage:
                     raise
                 err = error_for(self.datasets, e.src, str(e))
                 res.skipped += 1
+                res.skipped_by[e.src[0]] = res.skipped_by.get(e.src[0], 0) + 1
                 if len(res.skipped_messages) < MAX_REPORTED:
                     res.skipped_messages.append(str(err))
                 kept = [r for r in records if r.get("__src__") != e.src]
@@ -90,6 +99,7 @@ class WorkStage:
             where = np.flatnonzero(keys == key)
             d, s = int(key >> 32), int(key & 0xFFFFFFFF)
             idx = ptrs.sample_idx[where].tolist()
+            res.seen[d] = res.seen.get(d, 0) + len(idx)
             for w, i, rec in zip(where.tolist(), idx, self.datasets[d].read(s, idx)):
                 rec["__src__"] = (d, s, i, int(ptrs.positions[w]))
                 records[w] = rec
@@ -97,8 +107,79 @@ class WorkStage:
         for rec in records:
             if "__error__" in rec:
                 res.skipped += 1
+                d = rec["__src__"][0]
+                res.skipped_by[d] = res.skipped_by.get(d, 0) + 1
                 if len(res.skipped_messages) < MAX_REPORTED:
                     res.skipped_messages.append(rec["__error__"])
             else:
                 good.append(rec)
         return good
+
+
+MIN_SEEN = 100  # samples of a dataset seen before its skip fraction is judged (all of them when fewer)
+DEFAULT_MAX_SKIP_FRACTION = 0.5
+
+
+class SkipLedger:
+    """Per-dataset counts of what the worker stage processed for one loader, with limits.
+
+    Args:
+        datasets: ``formats.Dataset`` list (indexed by dataset id).
+        max_skip_fraction: float in [0, 1], or one per dataset: the largest share of a dataset's samples
+            that ``on_error="skip"`` may skip; judged once ``min(MIN_SEEN, share)`` of its samples were seen.
+        share: per dataset, the samples one pass of it gives this loader's lanes (its size times owned lanes
+            over all lanes, rounded up), the most the skip fraction waits for. sizes: samples per dataset.
+        endless: an endless stream (``exhaustion="repeat"``): a dataset that gives no record from as many
+            samples as it holds is an error (a finite pass just ends; other ranks may hold its records).
+    ``add(res)`` takes a ``UnitResult`` and raises ``DataError`` naming the dataset (its first file), the skip
+    fraction and its first skip messages when a limit is passed, or when a whole pass of the dataset gave no
+    record (every sample skipped or filtered: it would silently contribute nothing, or alone, never end)."""
+
+    def __init__(self, datasets, max_skip_fraction, share, sizes, endless: bool = True):
+        n = len(datasets)
+        self.datasets = datasets
+        limits = list(max_skip_fraction) if isinstance(max_skip_fraction, (list, tuple)) else [max_skip_fraction] * n
+        if len(limits) != n or not all(isinstance(x, (int, float)) and 0 <= x <= 1 for x in limits):
+            raise ValueError(f"max_skip_fraction must be a number in [0, 1] or one per dataset ({n}), "
+                             f"got {max_skip_fraction!r}")
+        self.limits = [float(x) for x in limits]
+        self.share = [max(1, int(x)) for x in share]
+        self.sizes = [int(x) for x in sizes]
+        self.endless = endless
+        self.seen, self.skipped, self.kept = [0] * n, [0] * n, [0] * n
+        self.messages: list[list[str]] = [[] for _ in range(n)]
+
+    def add(self, res: UnitResult) -> None:
+        for d, k in res.skipped_by.items():
+            self.skipped[d] += k
+        for d, k in res.kept_by.items():
+            self.kept[d] += k
+        for msg in res.skipped_messages:
+            for d, ds in enumerate(self.datasets):  # messages name the dataset: file them under it
+                shards = getattr(ds, "shards", ())[:64]
+                if f"dataset {getattr(ds, 'name', None)!r}" in msg or any(sh.path in msg for sh in shards):
+                    if len(self.messages[d]) < 3:
+                        self.messages[d].append(msg)
+                    break
+        for d, k in res.seen.items():
+            self.seen[d] += k
+            self._check(d)
+
+    def _check(self, d: int) -> None:
+        seen, skipped = self.seen[d], self.skipped[d]
+        ds = self.datasets[d]
+        shards = getattr(ds, "shards", ())
+        where = f"dataset {getattr(ds, 'name', d)!r} ({shards[0].path if shards else 'no files'})"
+        first = "; ".join(self.messages[d]) or "none kept"
+        if skipped and seen >= min(MIN_SEEN, self.share[d]) and skipped / seen > self.limits[d]:
+            raise DataError(f"{where}: {skipped} of the first {seen} samples read were skipped "
+                            f"(on_error='skip'), a fraction of {skipped / seen:.2f} > max_skip_fraction="
+                            f"{self.limits[d]}; first errors: {first}. Fix the data or the reader options "
+                            f"(field name, columns, format), or raise max_skip_fraction (Loader keyword; a "
+                            f"list gives one per dataset) if that many bad samples are expected")
+        if self.endless and seen >= max(1, self.sizes[d]) and not self.kept[d]:
+            filtered = seen - skipped
+            raise DataError(f"{where}: gave no record from {seen} samples read (it holds {self.sizes[d]}: "
+                            f"{skipped} skipped, {filtered} filtered out); it would contribute nothing (or, "
+                            f"alone, the loader would never yield). First errors: {first}. Check on_error, "
+                            f"the field name and the filters")

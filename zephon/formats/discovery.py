@@ -28,10 +28,41 @@ def _is_hidden(rel: str) -> bool:
     return any(part.startswith(".") for part in rel.split(os.sep))
 
 
+_SHOWN = 5  # file names quoted in a "nothing to read here" message
+
+
+def nothing_to_read(fmt: str | None, where: str, names: list[str]) -> str:
+    """The reason for a directory or prefix without files to read: what it holds and what each format needs.
+
+    fmt: the forced format or None. where: "directory" | "prefix". names: the (non-hidden) file names
+    found there, relative to it. Names MDS shards (``*.mds[.zstd]``) and tars seen, since those mean an
+    ``index.json`` or ``.nv-meta/`` is missing rather than a wrong path.
+    """
+    kinds = fmt or "supported"
+    exts = ", ".join(sorted(EXTENSIONS if fmt is None else (e for e, f in EXTENSIONS.items() if f == fmt)))
+    if not names:
+        found = "it holds no files"
+    else:
+        shown = ", ".join(sorted(names)[:_SHOWN]) + (", ..." if len(names) > _SHOWN else "")
+        found = f"found {len(names)} file{'s' * (len(names) != 1)} ({shown}), none read as {fmt or 'JSONL/Parquet'}"
+    msg = f"no {kinds} files in {where}: {found} (JSONL/Parquet are taken by extension: {exts})."
+    base = [n.rsplit("/", 1)[-1].lower() for n in names]
+    if any(".mds" in b for b in base):
+        msg += (" These look like MDS shards: an MDS dataset is read from the directory holding its index.json "
+                "(written by streaming.MDSWriter), which is missing here; copy it back or pass the directory "
+                "that has it.")
+    if any(b.endswith(".tar") for b in base):
+        msg += (" These look like WebDataset tars: an Energon dataset needs .nv-meta/ and a .tar.idx per tar; run "
+                "`energon prepare <this directory>` (megatron-energon) first.")
+    if not any(".mds" in b or b.endswith(".tar") for b in base):
+        msg += " (An MDS dataset needs index.json in the directory; an Energon dataset needs .nv-meta/.)"
+    return msg
+
+
 def _scan_dir(d: str, fmt: str | None) -> list[str]:
     # Sorted by path relative to d so the order does not depend on the file system. Hidden files and
     # directories are skipped (index caches live there); symlinked directories are not followed.
-    found = []
+    found, others = [], []
     for root, _dirs, files in os.walk(d):
         for f in files:
             full = os.path.join(root, f)
@@ -41,9 +72,10 @@ def _scan_dir(d: str, fmt: str | None) -> list[str]:
             ff = format_of(f)
             if ff is not None and (fmt is None or ff == fmt):
                 found.append((rel.replace(os.sep, "/"), full))
+            else:
+                others.append(rel.replace(os.sep, "/"))
     if not found:
-        kinds = fmt or "supported"
-        raise DataError(f"no {kinds} files in directory (extensions: {', '.join(sorted(EXTENSIONS))})", path=d)
+        raise DataError(nothing_to_read(fmt, "directory", others), path=d)
     return [full for _, full in sorted(found)]
 
 
@@ -127,7 +159,7 @@ def expand_remote(item: str, fmt: str | None, fetcher) -> tuple[str, list]:
             if format_of(item) is not None:
                 raise
         # forced format on a name without extension that is no object: a prefix after all
-    found = []
+    found, others = [], []
     for o in fetcher.list(item):
         rel = relative(o.url, item)
         if _is_hidden(rel.replace("/", os.sep)) or basename(o.url) == "":
@@ -135,8 +167,9 @@ def expand_remote(item: str, fmt: str | None, fetcher) -> tuple[str, list]:
         ff = format_of(o.url)
         if ff is not None and (fmt is None or ff == fmt):
             found.append((o, ff))
+        else:
+            others.append(rel)
     if not found:
-        kinds = fmt or "supported"
-        raise DataError(f"no {kinds} objects under this prefix (extensions: {', '.join(sorted(EXTENSIONS))})",
-                        path=item)
+        raise DataError(nothing_to_read(fmt, "prefix", others).replace(" files in prefix", " objects under this "
+                                                                        "prefix", 1), path=item)
     return item.rstrip("/"), found

@@ -127,6 +127,28 @@ class JsonlReader:
         rec = self._parse(0, self._raw([0])[0], project=False)
         return list(rec)
 
+    def check(self, size: int | None = None) -> list[str]:
+        """Cheap integrity check for ``zephon inspect`` ([] when nothing is wrong).
+
+        size: the file's size in bytes (for a plain file the line index must cover exactly that many).
+        Parses the first and the last sample (a file cut mid-record fails there); every sample is read only
+        by a deep check. Each problem names the sample and line and says what was expected.
+        """
+        out = []
+        if size is not None and not self.compressed and int(self.offsets[-1]) != size:
+            out.append(f"index: the line index covers {int(self.offsets[-1]):,} bytes, the file has {size:,} "
+                       f"(changed while being opened?)")
+        n = self.num_samples
+        if n == 0:
+            return out + ["no samples: the file holds no non-blank line"]
+        for i in sorted({0, n - 1}):
+            try:
+                self._parse(i, self._raw([i])[i], project=False)
+            except DataError as e:
+                out.append(f"sample {i} (line {e.line}): {e.reason}" + (" (file cut mid-record?)" if i == n - 1
+                                                                       and i else ""))
+        return out
+
     def _raw(self, wanted: list[int]) -> dict[int, bytes]:
         off = self.offsets
         if self.compressed:

@@ -87,6 +87,36 @@ class ParquetReader:
         """Column names of the file's schema, for ``inspect``."""
         return list(self.schema_columns)
 
+    def check(self, size: int | None = None) -> list[str]:
+        """Footer check for ``zephon inspect`` ([] when nothing is wrong): the row groups' counts add up to the
+        file's row count, each has every schema column, and every column chunk lies before the footer.
+
+        size: the file's size in bytes (None: chunk ranges not checked). Reads no row data (a deep check
+        decodes every row group).
+        """
+        meta, out = self._file.metadata, []
+        counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        if sum(counts) != meta.num_rows:
+            out.append(f"footer: num_rows says {meta.num_rows:,} rows, its {len(counts)} row groups hold "
+                       f"{sum(counts):,}")
+        data_end = None if size is None else size - 8 - meta.serialized_size  # footer + length + magic
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            if rg.num_columns != meta.num_columns:
+                out.append(f"row group {g}: {rg.num_columns} column chunks, the schema has {meta.num_columns} columns")
+            for c in range(rg.num_columns):
+                col = rg.column(c)
+                start = col.data_page_offset
+                if col.has_dictionary_page and col.dictionary_page_offset:
+                    start = min(start, col.dictionary_page_offset)
+                end = start + col.total_compressed_size
+                if start < 4 or (data_end is not None and end > data_end):
+                    area = f"[4, {data_end:,}) of the {size:,}-byte file" if data_end is not None else "of the file"
+                    out.append(f"row group {g}, column {col.path_in_schema!r}: bytes [{start:,}, {end:,}) outside "
+                               f"the data area {area} (the footer does not describe this file)")
+                    break
+        return out
+
     def _row_group(self, g: int) -> pa.Table:
         with self._lock:
             table = self._groups.get(g)

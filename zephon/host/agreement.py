@@ -75,8 +75,10 @@ def agreed_steps(groups, delivered: dict, rows_per_lane_step: int, agreement: St
             group = next(it)
         for g in buffered:
             for meta, _ in g:
-                if meta.get("last", True):
-                    delivered[meta["lane"]] += meta["rows"]
+                if meta.get("last", True):  # the lane's entry counts every block of a lane shared by ranks
+                    lane = meta["lane"]
+                    delivered[lane] = (meta["state"]["delivered_rows"] if "state" in meta
+                                       else delivered[lane] + meta["rows"])
         complete = step is not None and (not whole_steps or all(n >= (step + 1) * rows_per_lane_step
                                                                 for n in delivered.values()))
         if not agreement.agree(complete):
@@ -87,17 +89,21 @@ def agreed_steps(groups, delivered: dict, rows_per_lane_step: int, agreement: St
 
 
 def padded_steps(groups, lanes, entries, rows_per_lane_step: int, micro_batch_size: int, agreement: StepAgreement,
-                 padding):
+                 padding, share: tuple[int, int] = (1, 0)):
     """Release ``groups`` (as ``agreed_steps``) step by step while some rank holds a row of the step, filling
     each (step, micro-batch) with a padding item for every lane of ``lanes`` that has none.
 
     entries: the rank's checkpoint lane entries at the start (which (step, micro) each lane owes next);
     padding(lane, step, micro, state) -> ``(meta, payload)``: a micro-batch of padding rows for ``lane``
-    whose checkpoint entry becomes ``state`` (the lane's last entry with the padding counted)."""
+    whose checkpoint entry becomes ``state`` (the lane's last entry with the padding counted). share: ``(ranks per
+    lane, this rank's block)`` when ranks share lanes (``Loader.lane_shares``, ``share_index``): only the block's
+    micro-batches are owed, and its last one's entry is the whole step's, as on the lane's other ranks."""
     it = itertools.chain(groups, [None])
     group = next(it)
     state = {e["lane"]: dict(e) for e in entries}
     micros = rows_per_lane_step // micro_batch_size
+    per = micros // share[0]
+    block = range(share[1] * per, (share[1] + 1) * per)  # the micro-batches of a step this rank delivers
 
     def owes(lane, step, micro):  # the lane has not delivered (step, micro) yet
         return state[lane]["delivered_rows"] < step * rows_per_lane_step + (micro + 1) * micro_batch_size
@@ -112,7 +118,7 @@ def padded_steps(groups, lanes, entries, rows_per_lane_step: int, micro_batch_si
             group = next(it)
         if not agreement.agree(bool(buffered), any_rank=True):
             return
-        for micro in range(micros):
+        for micro in block:
             got = {}
             for meta, payload in buffered.get(micro, ()):
                 got.setdefault(meta["lane"], []).append((meta, payload))
@@ -123,7 +129,8 @@ def padded_steps(groups, lanes, entries, rows_per_lane_step: int, micro_batch_si
                 if lane in got:
                     out.extend(got[lane])
                 elif owes(lane, step, micro):
-                    entry = dict(state[lane], delivered_rows=(step * micros + micro + 1) * micro_batch_size)
+                    upto = micros if micro == block[-1] else micro + 1  # a shared lane: through the step
+                    entry = dict(state[lane], delivered_rows=(step * micros + upto) * micro_batch_size)
                     state[lane] = entry
                     out.append(padding(lane, step, micro, entry))
             if out:

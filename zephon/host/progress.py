@@ -23,8 +23,12 @@ class Progress:
         loader: a ``Loader`` with this rank's config (not iterated; its ``checkpoint()`` gives the
             starting entries: zero, or a state passed to its ``restore``).
     ``observe(mb)`` pops ``__state__`` from a consumed micro-batch (``record(entry)`` takes the entry
-    itself); ``checkpoint()`` returns the rank's checkpoint dict (every lane of ``loader.rank_lanes``), as
-    ``Loader.checkpoint`` would. Raises ``ValueError`` for a loader that owns only part of its rank."""
+    itself). A consuming generator stores the entries of what it is about to yield in ``handed`` (a plain
+    attribute store right before its ``yield``: nothing can raise in between) and calls ``commit()`` when it
+    resumes; ``checkpoint()`` counts what was handed (the consumer has it), so an exception anywhere between
+    two yields neither skips nor repeats a micro-batch. ``checkpoint()`` returns the rank's checkpoint dict
+    (every lane of ``loader.rank_lanes``), as ``Loader.checkpoint`` would. Raises ``ValueError`` for a loader
+    that owns only part of its rank."""
 
     def __init__(self, loader):
         self.loader = loader
@@ -35,6 +39,7 @@ class Progress:
         if list(self.loader.lanes) != list(self.loader.rank_lanes):
             raise ValueError("Progress needs a loader that owns the whole rank (lanes=None)")
         self.entries = {e["lane"]: e for e in self.loader.checkpoint()["lanes"]}
+        self.handed: list[dict] = []  # entries of the item(s) last yielded to the training loop, uncommitted
 
     def observe(self, mb: dict) -> dict:
         """Record the lane entry carried by micro-batch ``mb`` (removed from it); returns ``mb``.
@@ -48,7 +53,16 @@ class Progress:
             raise ValueError(f"micro-batch of lane {entry['lane']}, which this rank does not own")
         self.entries[entry["lane"]] = entry
 
+    def commit(self) -> None:
+        """Record the ``handed`` entries (the consumer has their items). Interrupt-safe: recording is
+        idempotent (an entry replaces its lane's), and ``handed`` is cleared only once all are recorded."""
+        for entry in self.handed:
+            self.record(entry)
+        self.handed = []
+
     def checkpoint(self) -> dict:
+        """The rank's checkpoint dict (every lane of ``loader.rank_lanes``), handed items included."""
+        self.commit()
         L = self.loader
         return ckpt.make_state(L.fingerprint, L.summary, L.canonical_replicas, L.rows_per_lane_step,
                                list(self.entries.values()))

@@ -21,6 +21,20 @@ from .shares import worker_lanes
 
 log = logging.getLogger("zephon")
 
+# The words a warning uses for the user's settings; an adapter passes its host's (``warn_context``).
+CORE_WORDS = {"host": "zephon.Loader", "drop_last": "Batch(drop_last={})", "finite": "exhaustion='stop'",
+              "dropped": "dropped_rows"}
+_warned: set = set()  # (warning, config fingerprint, host) already logged in this process
+
+
+def warn_once(key: tuple, message: str, *args) -> bool:
+    """Log ``message % args`` on the "zephon" logger once per process for ``key``; returns whether it logged."""
+    if key in _warned:
+        return False
+    _warned.add(key)
+    log.warning(message, *args)
+    return True
+
 
 class RankSession:
     """Host-loader plumbing for one rank.
@@ -33,6 +47,11 @@ class RankSession:
             the whole job).
         agree_end: False when the host itself stops every rank at the same step (a step count known in
             advance, such as Mosaic's epoch length): ``groups`` then takes no per-step vote.
+        warn_context: the host's words for what warnings name, merged over ``CORE_WORDS``: ``host`` (what
+            the user built, e.g. ``"zephon_energon.get_train_dataset"``), ``drop_last`` (a ``str.format``
+            template of the keyword that sets it, e.g. ``"batch_drop_last={}"``), ``finite`` (what made the
+            pass finite, e.g. ``"repeat=False"``), ``dropped`` (where the count is read). A warning is logged
+            once per process and config.
     A finite pass without drop_last ends with padding micro-batches where a lane (of this rank, or of a rank
     that ran out) has no row, so every rank delivers the same steps, unless the loader says ``pad_tail=False``
     (the host's items are not plain micro-batches, e.g. a TaskEncoder's batches): the ranks then stop at the
@@ -41,8 +60,9 @@ class RankSession:
     every worker and rank agreement). Picklable (host workers get a copy; the agreement is not sent).
     Raises what ``Loader`` raises (``TopologyError``, ``ValueError``, ``CheckpointError``)."""
 
-    def __init__(self, make_loader, *, agreement_group=None, agree_end: bool = True):
+    def __init__(self, make_loader, *, agreement_group=None, agree_end: bool = True, warn_context=None):
         self._make = make_loader
+        self.words = dict(CORE_WORDS, **(warn_context or {}))
         self._agree_end = agree_end
         self._template = None  # a delivered micro-batch: the shape of padding
         self.loader = make_loader(None, "inline", 1)
@@ -132,7 +152,7 @@ class RankSession:
             if self._agreement is None:
                 self._agreement = StepAgreement(self._agreement_group)
             return padded_steps(ordered(), L.rank_lanes, start, L.rows_per_lane_step, L.batch.micro_batch_size,
-                                self._agreement, self._padding)
+                                self._agreement, self._padding, share=(L.lane_shares, L.share_index))
         if not finite or not (L.batch.drop_last or (dist is not None and dist.get_world_size() > 1)):
             return ordered()
         if self._agreement is None:
@@ -164,10 +184,13 @@ class RankSession:
         row of. Rows this rank still held are counted and reported, not silently lost."""
         self.dropped_rows += rows
         if rows:
-            log.warning("finite pass with drop_last=False: another rank ran out of rows before this one, so every "
-                        "rank stopped at the same step (a collective would hang otherwise); %d rows of this rank "
-                        "were not delivered (counted in dropped_rows). drop_last=True ends every rank at its first "
-                        "incomplete step by design", rows)
+            w = self.words
+            warn_once(("uneven_tail", self.loader.fingerprint, w["host"]),
+                      "%s: a finite pass (%s) with %s: another rank ran out of rows before this one, so every rank "
+                      "stopped at the same step (a collective would hang otherwise); %d rows of this rank were not "
+                      "delivered (counted in %s; logged once per process). %s ends every rank at its first "
+                      "incomplete step by design", w["host"], w["finite"], w["drop_last"].format(False), rows,
+                      w["dropped"], w["drop_last"].format(True))
 
     def consumed(self, items) -> None:
         """Record the lane entries of ``(meta, payload)`` items now handed to the training loop."""
@@ -175,20 +198,34 @@ class RankSession:
             if meta.get("last"):
                 self.progress.record(meta["state"])
 
-    def ordered_groups(self, items):
-        """``groups(items)``, each recorded as consumed when it is handed out."""
+    def ordered_groups(self, items, build=None):
+        """``groups(items)``, each recorded as consumed once it is handed out: yields ``build(group)`` (the
+        group itself without ``build``). ``build`` (an adapter's conversion to the host's batch) runs before
+        the group counts, so an exception in it, or anywhere before the training loop has the result, loses
+        nothing: the rank's checkpoint then still holds the group (``Progress.handed``)."""
+        P = self.progress
         for group in self.groups(items):
-            self.consumed(group)
-            yield group
+            out = group if build is None else build(group)
+            entries = [meta["state"] for meta, _ in group if meta.get("last")]
+            P.handed = entries
+            yield out
+            P.commit()
 
-    def ordered_items(self, items):
-        """``groups(items)`` flattened to single ``(meta, payload)`` items, each recorded as consumed when it
-        is handed out; items that only carry a state (``skip``) are recorded and not handed out."""
+    def ordered_items(self, items, build=None):
+        """``groups(items)`` flattened to single ``(meta, payload)`` items (``build(item)`` of each, with
+        ``build``), each recorded as consumed once it is handed out; items that only carry a state (``skip``)
+        are recorded and not handed out."""
+        P = self.progress
         for group in self.groups(items):
             for item in group:
-                self.consumed([item])
-                if not item[0].get("skip"):
-                    yield item
+                if item[0].get("skip"):
+                    self.consumed([item])
+                    continue
+                out = item if build is None else build(item)
+                entries = [item[0]["state"]] if item[0].get("last") else []
+                P.handed = entries
+                yield out
+                P.commit()
 
     # -- state --------------------------------------------------------------------------------------
     def initial_state(self) -> dict:

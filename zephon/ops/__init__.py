@@ -5,7 +5,9 @@ from .batch import Batch, collate
 from .mixture import EnsureMixture, token_corrected_weights
 from .pack import Pack
 from .shuffle import Shuffle, identity
-from .tokenize import Tokenize, load_tokenizer
+from .tokenize import ByteTokenizer, Tokenize, load_tokenizer
+from .vision import CaptionTokens, DecodeImage, Normalize, RandomResizedCrop, vision_language_ops
 
-__all__ = ["Accumulator", "Batch", "Decode", "EnsureMixture", "Filter", "Map", "Operator", "Pack",
-           "RecordError", "Shuffle", "Tokenize", "collate", "identity", "load_tokenizer", "token_corrected_weights"]
+__all__ = ["Accumulator", "Batch", "ByteTokenizer", "CaptionTokens", "Decode", "DecodeImage", "EnsureMixture",
+           "Filter", "Map", "Normalize", "Operator", "Pack", "RandomResizedCrop", "RecordError", "Shuffle",
+           "Tokenize", "collate", "identity", "load_tokenizer", "token_corrected_weights", "vision_language_ops"]

@@ -1,18 +1,87 @@
-"""Tokenization with a Hugging Face ``tokenizers.Tokenizer`` (stateless, runs on workers)."""
+"""Tokenization with a Hugging Face ``tokenizers.Tokenizer``, or a byte-level fallback (stateless, runs on
+workers).
+
+``tokenizers`` is optional: it has no wheel for free-threaded CPython 3.13t, so ``tokenizer="bytes"`` (a
+``ByteTokenizer``) works without it, and asking for a ``tokenizer.json`` without it raises ``ImportError``
+saying so. Both are thread-safe: ``tokenizers.Tokenizer.encode_batch`` takes no lock and mutates nothing
+(its Rust ``&self``), ``ByteTokenizer`` holds no state.
+"""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 
 import numpy as np
 
 from .base import Operator, RecordError
 
+BYTE_SPECIALS = ("<pad>", "<bos>", "<eos>")  # ByteTokenizer ids 0, 1, 2; byte b is id b + 3
+
+
+class _Encoding:
+    __slots__ = ("ids",)
+
+    def __init__(self, ids: list):
+        self.ids = ids
+
+
+class ByteTokenizer:
+    """Byte-level tokenizer: UTF-8 byte ``b`` is token ``b + 3``; ids 0, 1, 2 are ``<pad>``, ``<bos>``,
+    ``<eos>`` (vocabulary of 259). No state, no dependency: the fallback where ``tokenizers`` is absent.
+    Implements the part of ``tokenizers.Tokenizer`` that ``Tokenize`` and ``CaptionTokens`` use."""
+
+    offset = len(BYTE_SPECIALS)
+
+    def encode_batch(self, texts, add_special_tokens: bool = False) -> list:
+        """``texts``: list of str. Returns objects with ``.ids`` (a fresh list of ints per text).
+        Raises ``TypeError`` for a text that is not a str or has no UTF-8 form (a lone surrogate)."""
+        out = []
+        for t in texts:
+            if not isinstance(t, str):
+                raise TypeError(f"expected str, got {type(t).__name__}")
+            try:
+                b = t.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise TypeError(str(e)) from None
+            out.append(_Encoding((np.frombuffer(b, np.uint8).astype(np.int64) + self.offset).tolist()))
+        return out
+
+    encode_batch_fast = encode_batch
+
+    def decode(self, ids) -> str:
+        """Token ids -> text (special tokens dropped; invalid UTF-8 replaced)."""
+        return bytes(int(i) - self.offset for i in ids if int(i) >= self.offset).decode("utf-8", "replace")
+
+    def get_vocab_size(self, with_added_tokens: bool = True) -> int:
+        return 256 + self.offset
+
+    def token_to_id(self, token: str):
+        return BYTE_SPECIALS.index(token) if token in BYTE_SPECIALS else None
+
+    def to_str(self) -> str:
+        return json.dumps({"zephon_tokenizer": "bytes", "specials": list(BYTE_SPECIALS)})
+
+    def __eq__(self, other):
+        return isinstance(other, ByteTokenizer)
+
+    def __hash__(self):
+        return hash(ByteTokenizer)
+
 
 def load_tokenizer(tokenizer):
-    """A ``tokenizers.Tokenizer`` from an instance, a path to a ``tokenizer.json`` file, or its JSON text.
-    Raises ``FileNotFoundError`` / ``ValueError`` when neither loads."""
-    from tokenizers import Tokenizer
+    """A tokenizer from a ``tokenizers.Tokenizer``, a path to a ``tokenizer.json`` file, its JSON text, or
+    ``"bytes"`` / a ``ByteTokenizer`` (the byte-level fallback, no dependency).
+    Raises ``ImportError`` when a ``tokenizers`` tokenizer is asked for and the package is not installed
+    (no wheel for free-threaded Python), ``FileNotFoundError`` / ``ValueError`` when neither loads."""
+    if isinstance(tokenizer, ByteTokenizer) or (isinstance(tokenizer, str) and tokenizer == "bytes"):
+        return ByteTokenizer()
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ImportError(f"tokenizer {str(tokenizer)[:200]!r} needs the `tokenizers` package, which is not "
+                          f"installed here (it has no wheel for free-threaded CPython 3.13t): install it "
+                          f"(pip install tokenizers), or use tokenizer='bytes' for the byte-level fallback") from None
 
     if isinstance(tokenizer, Tokenizer):
         return tokenizer
@@ -30,7 +99,8 @@ class Tokenize(Operator):
     """Text field -> ``input_ids`` (int32 numpy array of token ids).
 
     Args:
-        tokenizer: ``tokenizers.Tokenizer``, path to ``tokenizer.json`` or its JSON text.
+        tokenizer: ``tokenizers.Tokenizer``, path to ``tokenizer.json``, its JSON text, or ``"bytes"``
+            (``ByteTokenizer``: no dependency).
         field: text field to read (records from ``Decode``).
         bos_id / eos_id: token ids added at document start / end when ``add_bos`` / ``add_eos``
             (looked up as ``bos_token`` / ``eos_token`` in the vocabulary when given as strings).
@@ -53,7 +123,8 @@ class Tokenize(Operator):
         if add_eos and self.eos_id is None:
             raise ValueError("add_eos=True needs eos_id (an int or a token string in the vocabulary)")
         if max_length is not None and max_length < 1:
-            raise ValueError(f"max_length must be >= 1, got {max_length}")
+            raise ValueError(f"Tokenize(max_length={max_length!r}): pass an int >= 1 (tokens per piece; with Pack, "
+                             f"at most Pack's max_length) or None (no split)")
         self.max_length = max_length
         self._digest = hashlib.sha256(self.tokenizer.to_str().encode()).hexdigest()[:16]
         self._encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)

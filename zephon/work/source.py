@@ -14,8 +14,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from .mixture import Mixture
+from .mixture import Mixture, ScheduledMixture
 from .permute import IndexPermutation, derive_key
+from .schedule import Schedule, resume_horizon
 
 EXHAUSTION_POLICIES = ("repeat", "stop", "fill")
 
@@ -49,7 +50,9 @@ class WorkSource:
     Args:
         datasets: objects with ``name`` (str), ``shard_sizes`` (list of sample counts per shard) and
             ``fingerprint()`` (plain JSON data); no I/O happens here.
-        weights: mixture weights, one per dataset (proportions of samples); default equal.
+        weights: mixture weights, one per dataset (proportions of samples); default equal. Or a
+            ``schedule.Schedule``: weights that change with the global step (needs ``step_size`` and
+            ``exhaustion="repeat"``; docs/curricula.md).
         seed: int.
         canonical_replicas: number of lanes (>= 1).
         chunk_size: pointers per chunk (>= 1).
@@ -61,17 +64,25 @@ class WorkSource:
             ``"stop"``, then extended to a multiple of ``fill_multiple`` positions by repeating the pass's
             first positions' samples: Mosaic's epoch, every sample at least once).
         fill_multiple: positions the ``"fill"`` stream's length is a multiple of (a global batch).
+        step_size: positions per global step (the loader's ``global_batch_size``), used by a schedule only (its
+            ``positions_per_step`` wins when set); a multiple of ``canonical_replicas``. A scheduled mixture
+            allocates in step-major order: lane ``l``'s ``j``-th position of step ``s`` is position
+            ``s * step_size + l * step_size / canonical_replicas + j``, so a step's draws follow that step's
+            shares exactly, at any chunk size.
     Raises ``ValueError`` on an empty dataset list, a dataset with no samples, bad weights or options.
     """
 
     def __init__(self, datasets, weights=None, *, seed: int = 0, canonical_replicas: int = 1,
                  chunk_size: int = 1024, shuffle: bool = True, shuffle_block_size: int | None = None,
-                 exhaustion: str = "repeat", fill_multiple: int = 1):
+                 exhaustion: str = "repeat", fill_multiple: int = 1, step_size: int | None = None):
         if not datasets:
             raise ValueError("WorkSource needs at least one dataset")
         if weights is None:
             weights = [1] * len(datasets)
-        if len(weights) != len(datasets):
+        if isinstance(weights, Schedule):
+            if weights.num_datasets != len(datasets):
+                raise ValueError(f"a schedule of {weights.num_datasets} datasets for {len(datasets)} datasets")
+        elif len(weights) != len(datasets):
             raise ValueError(f"{len(weights)} mixture weights for {len(datasets)} datasets")
         if not all(isinstance(v, int) for v in (canonical_replicas, chunk_size, seed)):
             raise ValueError(f"canonical_replicas, chunk_size and seed must be ints, got "
@@ -90,7 +101,12 @@ class WorkSource:
         for d, n in zip(self.datasets, self.sizes):
             if n == 0:
                 raise ValueError(f"dataset {d.name!r} has no samples")
-        self.mixture = Mixture(weights)
+        self.schedule = None
+        if isinstance(weights, Schedule):
+            self.schedule, self.step_size = self._check_schedule(weights, step_size, exhaustion, canonical_replicas)
+            self.mixture = ScheduledMixture(weights, self.step_size)
+        else:
+            self.mixture = Mixture(weights)
         self.seed = int(seed)
         self.canonical_replicas = int(canonical_replicas)
         self.chunk_size = int(chunk_size)
@@ -106,14 +122,67 @@ class WorkSource:
             -(-self.pass_positions // self.fill_multiple) * self.fill_multiple
         self.fill_positions = 0 if self.total_positions is None else self.total_positions - self.pass_positions
         self._pass_layout = lru_cache(maxsize=64)(self._pass_layout_uncached)
+        self._shard_perm = lru_cache(maxsize=4096)(self._shard_perm_uncached)
 
     # A per-instance cache is not picklable: rebuild it (host loaders ship sources to spawned workers).
     def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k != "_pass_layout"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_pass_layout", "_shard_perm")}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._pass_layout = lru_cache(maxsize=64)(self._pass_layout_uncached)
+        self._shard_perm = lru_cache(maxsize=4096)(self._shard_perm_uncached)
+
+    def _shard_perm_uncached(self, d: int, e: int, s: int) -> IndexPermutation:
+        """The in-shard permutation of shard ``s`` of dataset ``d`` in pass ``e`` (cached: a scheduled mixture's
+        step-major order spreads a chunk's draws over many shards)."""
+        return IndexPermutation(int(self.shard_sizes[d][s]), derive_key(self.seed, "in-shard", d, e, s))
+
+    @staticmethod
+    def _check_schedule(schedule, step_size, exhaustion, lanes):
+        step = schedule.positions_per_step or step_size
+        if exhaustion != "repeat":
+            raise ValueError(f"a mixture schedule needs an endless stream (exhaustion='repeat'), got "
+                             f"exhaustion={exhaustion!r}: a finite pass under changing weights is not supported yet")
+        if not isinstance(step, int) or step < 1 or step % lanes:
+            raise ValueError(f"a mixture schedule needs positions per step (step_size, or the schedule's "
+                             f"positions_per_step) that are a multiple of canonical_replicas={lanes}, got {step!r}")
+        return schedule, step
+
+    def _step_major(self, t: np.ndarray) -> np.ndarray:
+        """Global positions -> step-major positions (see ``step_size``): a bijection."""
+        C, S = self.canonical_replicas, self.chunk_size
+        rps = self.step_size // C
+        g, o = t // S, t % S
+        p = (g // C) * S + o  # the lane-local position of t in lane g % C
+        return (p // rps) * self.step_size + (g % C) * rps + p % rps
+
+    def check_resume(self, state: dict) -> None:
+        """Accept a checkpoint made under another schedule when every position it depends on is drawn the
+        same way here (the schedules agree up to ``schedule.resume_horizon``); the rest of the config is
+        compared by the fingerprint. Raises ``ValueError`` naming the first step where they differ."""
+        theirs = ((state.get("config") or {}).get("work") or {}).get("schedule")
+        ours = self.fingerprint().get("schedule")
+        if theirs == ours or theirs is None or ours is None:
+            return
+        try:
+            old, new = Schedule.from_dict(theirs), Schedule.from_dict(ours)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"checkpoint schedule is malformed: {e}") from None
+        first = old.first_difference(new)
+        if first is None:
+            return
+        config = state.get("config") or {}
+        need = resume_horizon(ScheduledMixture(old, self.step_size), state.get("lanes") or [],
+                              flush_span=int(config.get("flush_span", 1)), chunk_size=self.chunk_size,
+                              canonical_replicas=self.canonical_replicas)
+        if need is None or first < need:
+            until = "all its steps (a group of datasets is ahead of its target with weight 0 to the end)" \
+                if need is None else f"steps 0..{need - 1}"
+            raise ValueError(f"the schedule differs from the checkpoint's from step {first} (shares "
+                             f"{_fmt(old.shares(first))} in the checkpoint, {_fmt(new.shares(first))} "
+                             f"here); this checkpoint (step {state.get('step')}) restores only into a schedule "
+                             f"equal to its own on {until}: start the new phase at step {need} or later")
 
     # -- configuration identity -------------------------------------------------------------
     def fingerprint(self) -> dict:
@@ -126,7 +195,8 @@ class WorkSource:
             "shuffle_block_size": self.shuffle_block_size,
             "exhaustion": self.exhaustion,
             **({"fill_multiple": self.fill_multiple} if self.exhaustion == "fill" else {}),
-            "weights": self.mixture.weights,
+            **({"weights": "schedule", "schedule": {**self.schedule.to_dict(), "positions_per_step": self.step_size}}
+               if self.schedule is not None else {"weights": self.mixture.weights}),
             "datasets": [d.fingerprint() for d in self.datasets],
         }
 
@@ -192,6 +262,8 @@ class WorkSource:
         """Resolve global stream positions to sample pointers. A ``"fill"`` stream's positions past the
         pass resolve as the pass's first positions (the repeats), keeping their own position as identity."""
         drawn = positions if not self.fill_positions else positions % self.pass_positions
+        if self.schedule is not None:
+            drawn = self._step_major(drawn)
         ds, draws = self.mixture.assign(drawn)
         shard_ids = np.empty_like(positions)
         sample_idx = np.empty_like(positions)
@@ -233,8 +305,7 @@ class WorkSource:
         if self.shuffle and self.shuffle_block_size is None:
             for s in np.unique(shard):
                 sel = shard == s
-                offset[sel] = IndexPermutation(int(self.shard_sizes[d][s]),
-                                               derive_key(self.seed, "in-shard", d, e, int(s)))(offset[sel])
+                offset[sel] = self._shard_perm(d, e, int(s))(offset[sel])
         return shard, offset
 
     def _block_permute(self, d: int, e: int, p: np.ndarray) -> np.ndarray:
@@ -247,3 +318,7 @@ class WorkSource:
             perm = IndexPermutation(length, derive_key(self.seed, "block", d, e, int(b)))
             out[sel] = int(b) * bsz + perm(p[sel] - int(b) * bsz)
         return out
+
+
+def _fmt(shares) -> str:
+    return "[" + ", ".join(f"{float(x):.4g}" for x in shares) + "]"

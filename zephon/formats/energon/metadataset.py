@@ -26,6 +26,9 @@ def load_metadataset(path, split_part: str = "train") -> list[dict]:
         {"path": absolute dataset root, "split_part": str (the leaf's own split_part, else the inherited one),
          "weight": float | None       # blend: product over the nesting levels of weight / sum of sibling
                                       # weights (Energon's normalisation); None outside any blend
+                  | {"step"|"linear": {step: w}}  # a weight schedule (Energon PR #208's keys) in the outermost
+                                      # blend: that blend's weights stay raw (a schedule is normalised per
+                                      # step by zephon.work.Schedule), inner constant factors multiply in
          "repetitions": int | float | None   # blend_epochized: product of repetitions; None outside
          "subset": None | {"range": (f0, f1) | None, "absolute_range": (start, end | None) | None}
                                       # merged over the levels as Energon merges them; apply with subset_bounds
@@ -36,7 +39,8 @@ def load_metadataset(path, split_part: str = "train") -> list[dict]:
     Nested metadatasets (a ``path`` ending in ``.yaml``) are followed; relative paths resolve against the
     directory of the YAML that names them.
     Raises DataError naming the YAML for: not a MetadatasetV2 (v1 ``Metadataset`` files are refused), an
-    unknown split, ``join`` (not supported), mixing ``blend`` with ``blend_epochized``, bad weights or
+    unknown split, ``join`` (not supported), mixing ``blend`` with ``blend_epochized``, a weight schedule in
+    a nested blend or a ``blend_epochized`` (Zephon supports them in the outermost blend), bad weights or
     subsets, a leaf that is neither an Energon dataset root nor a metadataset, a YAML including itself.
     """
     path = os.path.abspath(os.fspath(path))
@@ -108,21 +112,61 @@ def _blend(node, yaml_path, split_part, subflavors, parent_subset, seen, where) 
     ws = []
     for j, it in enumerate(items):
         w = it.get(attr, 1) if isinstance(it, dict) else 1
-        if not isinstance(w, (int, float)) or isinstance(w, bool) or w < 0:
-            raise ValueError(f"{where}.{key}[{j}].{attr} must be a number >= 0, got {w!r}")
+        if isinstance(w, dict) and not epoch:
+            w = _schedule_spec(w, f"{where}.{key}[{j}].{attr}")
+        elif not isinstance(w, (int, float)) or isinstance(w, bool) or w < 0:
+            raise ValueError(f"{where}.{key}[{j}].{attr} must be a number >= 0 (or, in a blend, a schedule "
+                             f"{{step: {{...}}}} / {{linear: {{...}}}}), got {w!r}")
         ws.append(w)
-    total = sum(ws)
+    scheduled = any(isinstance(w, dict) for w in ws)
+    if scheduled:
+        mode, total = "schedule", 1  # raw weights: the schedule normalises them per step
+    else:
+        total = sum(ws)
     if not epoch and total <= 0:
         raise ValueError(f"{where}.blend: weights sum to 0")
     leaves = []
     for j, (it, w) in enumerate(zip(items, ws)):
         inner, inner_mode = _node(it, yaml_path, split_part, subflavors, subset, seen, f"{where}.{key}[{j}]")
-        if inner_mode not in ("none", mode):
+        if inner_mode == "schedule":
+            raise ValueError(f"{where}.{key}[{j}]: a weight schedule in a nested blend is not supported; put the "
+                             f"schedule in the outermost blend (constant weights may nest below it)")
+        if inner_mode not in ("none", mode) and not (scheduled and inner_mode == "weight"):
             raise ValueError(f"{where}: cannot mix blend with blend_epochized")
         for leaf in inner:
             if epoch:
                 leaf["repetitions"] = w * (leaf["repetitions"] if inner_mode == mode else 1)
+            elif scheduled:
+                leaf["weight"] = _scale(w, leaf["weight"] if inner_mode == "weight" else 1.0)
             else:
                 leaf["weight"] = (leaf["weight"] if inner_mode == mode else 1.0) * w / total
             leaves.append(leaf)
     return leaves, mode
+
+
+def _schedule_spec(w: dict, where: str) -> dict:
+    """A blend weight schedule as Energon PR #208 writes it: ``{step: {iteration: weight}}`` or ``{linear:
+    {iteration: weight}}`` (integer keys >= 0, weights >= 0). Raises ``ValueError`` naming ``where``."""
+    if len(w) != 1 or next(iter(w)) not in ("step", "linear") or not isinstance(next(iter(w.values())), dict):
+        raise ValueError(f"{where}: a weight schedule is {{step: {{iteration: weight}}}} or {{linear: {{iteration: "
+                         f"weight}}}}, got {w!r}")
+    kind, pts = next(iter(w.items()))
+    out = {}
+    for k, v in pts.items():
+        step = int(k) if isinstance(k, str) and k.strip().isdigit() else k  # YAML readers may give "0"
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"{where}.{kind}: iterations must be integers >= 0, got {k!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise ValueError(f"{where}.{kind}[{k}]: a weight must be a number >= 0, got {v!r}")
+        out[step] = v
+    if not out:
+        raise ValueError(f"{where}.{kind}: no iteration given")
+    return {kind: out}
+
+
+def _scale(w, factor: float):
+    """A blend weight (number or schedule) times a constant factor from the blends nested below it."""
+    if isinstance(w, dict):
+        kind, pts = next(iter(w.items()))
+        return {kind: {k: v * factor for k, v in pts.items()}}
+    return w * factor

@@ -147,3 +147,55 @@ def check_hash(path: str, algo: str, expected: str, shard: int | None, what: str
                         path=path, shard=shard)
     with _validated_lock:
         _validated.add(key)
+
+
+def _runs(ids: np.ndarray) -> str:
+    """``"3, 7-9, 12"`` for sorted sample ids (at most 4 runs shown)."""
+    if not len(ids):
+        return ""
+    breaks = np.flatnonzero(np.diff(ids) != 1)
+    starts = np.concatenate(([ids[0]], ids[breaks + 1]))
+    ends = np.concatenate((ids[breaks], [ids[-1]]))
+    parts = [f"{a}" if a == b else f"{a}-{b}" for a, b in zip(starts.tolist(), ends.tolist())]
+    return ", ".join(parts[:4]) + (", ..." if len(parts) > 4 else "")
+
+
+def size_problem(field: str, expected: int, found: int) -> str | None:
+    """The size mismatch of a shard file against index.json, or None.
+
+    field: ``"raw_data"`` or ``"zip_data"`` (which entry describes the file). expected: its ``bytes``.
+    found: the file's size on disk.
+    """
+    if found == expected:
+        return None
+    cut = " (truncated?)" if found < expected else ""
+    return f"size: index.json {field}.bytes says {expected:,} bytes, the file has {found:,}{cut}"
+
+
+def shard_problems(*, compressed: bool, read_size: int, raw_bytes: int, offsets: np.ndarray,
+                   readable: np.ndarray) -> list[str]:
+    """What is wrong with one opened MDS shard compared with its ``index.json`` entry ([] when nothing);
+    the file's own size is ``size_problem``'s job.
+
+    compressed: the shard was read from its ``zip_data`` file (decompressed). read_size: bytes of the raw
+    shard as read (the decompressed copy for a compressed shard). raw_bytes: ``raw_data.bytes`` from
+    index.json. offsets: int64 shape (n + 1,), the header's sample offsets (``sample_offsets``). readable:
+    bool shape (n,), which samples those offsets locate inside the shard.
+    Each problem says what index.json or the header expected and what the shard has.
+    """
+    out = []
+    if read_size != raw_bytes and compressed:
+        out.append(f"size: index.json raw_data.bytes says {raw_bytes:,} bytes, the decompressed shard has "
+                   f"{read_size:,}")
+    end = int(offsets[-1]) if len(offsets) else 0
+    if end != raw_bytes:
+        out.append(f"header: the sample offsets end at byte {end:,}, index.json raw_data.bytes says {raw_bytes:,}")
+    bad = np.flatnonzero(~np.asarray(readable, dtype=bool))
+    if len(bad):
+        i = int(bad[0])
+        a, b = int(offsets[i]), int(offsets[i + 1])
+        why = (f"past the end of the {read_size:,}-byte shard" if max(a, b) > read_size
+               else "bounded by offsets that are out of order or inside the header")
+        out.append(f"header: {len(bad)} of {len(readable)} samples cannot be located (samples {_runs(bad)}); "
+                   f"sample {i} spans bytes [{a:,}, {b:,}), {why}")
+    return out

@@ -1,0 +1,249 @@
+"""Exactly-once delivery under random interleavings of iterate / checkpoint / interrupt / restore, with the dp
+degree, the runner and the worker count changing at every restore (a hypothesis state machine).
+
+The oracle is independent of the code under test: the documents are read back from the JSONL file with ``json``
+and cut into ``max_length`` pieces from ``tokenizers``' own token counts; at the end every (document, piece) must
+have been delivered exactly once, counting what was delivered up to each restored checkpoint plus what came after.
+An *interrupt* raises inside the loader (in a worker's operator, or on the pump while a micro-batch is collated)
+and the test checkpoints in the ``except`` handler, as a training script catching Ctrl-C would, then restores.
+
+The default suite runs a few dozen examples; ``pytest -m slow tests/test_state_machine.py`` runs 1,000 (and the
+processes runner too).
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
+                                 run_state_machine_as_test)
+from tokenizers import Tokenizer
+
+from zephon.engine import Loader, merge_states
+from zephon.engine import loader as loader_module
+from zephon.engine.runners import make_runner
+from zephon.formats import DataError, open_dataset
+from zephon.ops import Batch, Decode, Map, Pack, Shuffle, Tokenize
+
+R, MAX_LEN, DOCS = 4, 48, 90
+RUNNERS = ("inline", "threads", "processes")
+
+
+class Interrupt(Exception):
+    """What the test raises inside the loader (stands for a KeyboardInterrupt: both leave the generator)."""
+
+
+_ARMED = {"worker": -1, "collate": -1}  # calls left before raising; -1: disarmed
+_FIRED = {"worker": 0, "collate": 0}  # interrupts that really happened (the run must have some of each)
+_COUNTS = {"examples": 0, "restores": 0, "micro_batches": 0}
+
+
+def _maybe_raise(where: str) -> None:
+    if _ARMED[where] == 0:
+        _ARMED[where] = -1
+        _FIRED[where] += 1
+        raise Interrupt(f"injected at {where}")
+    if _ARMED[where] > 0:
+        _ARMED[where] -= 1
+
+
+def tag(record):
+    """The worker-side injection point (a stateless Map operator; module level so processes could pickle it)."""
+    _maybe_raise("worker")
+    return record
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory, stdlib_texts, tokenizer_path):
+    """One JSONL file of DOCS real documents, and each document's piece count computed with ``tokenizers``."""
+    docs, code = stdlib_texts
+    texts = (docs[:DOCS // 2] + code[:DOCS - DOCS // 2])[:DOCS]
+    d = tmp_path_factory.mktemp("machine")
+    with open(d / "docs.jsonl", "w", encoding="utf-8") as fh:
+        for t in texts:
+            fh.write(json.dumps({"text": t}) + "\n")
+    tok = Tokenizer.from_file(tokenizer_path)
+    pieces = [math.ceil((len(e.ids) + 1) / MAX_LEN)  # +1: the EOS token
+              for e in tok.encode_batch(texts, add_special_tokens=False)]
+    return str(d), pieces
+
+
+def _ops(tokenizer_path):
+    return [Decode("text"), Map(tag), Tokenize(tokenizer_path, eos_id="<eos>", max_length=MAX_LEN), Pack(MAX_LEN),
+            Shuffle(3, seed=1), Batch(1, drop_last=False)]
+
+
+def check_exactly_once(delivered, expected_pieces) -> None:
+    """Every sample of the pass, each piece of it once: ``delivered`` (position, piece) pairs against the piece
+    counts computed from the input file (a sample's position is its place in the pass: its identity)."""
+    assert len(delivered) == len(set(delivered)), "a (sample, piece) was delivered twice"
+    pieces = {}
+    for position, piece in delivered:
+        pieces.setdefault(position, set()).add(piece)
+    lost = sorted(set(range(len(expected_pieces))) - set(pieces))
+    assert not lost, f"{len(lost)} samples lost, e.g. positions {lost[:5]}"
+    assert sorted(pieces) == list(range(len(expected_pieces))), f"unknown positions {sorted(pieces)[-3:]}"
+    torn = [p for p, got in pieces.items() if got != set(range(len(got)))]
+    assert not torn, f"pieces of samples {torn[:5]} lost"
+    assert sorted(len(p) for p in pieces.values()) == sorted(expected_pieces), "piece counts differ"
+
+
+def build_loaders(corpus_dir, tokenizer_path, shared, dp, runner, workers, state):
+    """Every rank's Loader of a finite, packed pass at ``dp``, restored from ``state`` (None: a fresh start)."""
+    dataset = open_dataset(corpus_dir)
+    loaders = []
+    for r in range(dp):
+        spec = runner
+        if runner == "processes":  # one pool for the whole run: spawning per example would take minutes
+            if "processes" not in shared:
+                probe = Loader([dataset], _ops(tokenizer_path), canonical_replicas=R, runner="inline")
+                shared["processes"] = make_runner("processes", probe.stage, 2)
+            spec = shared["processes"]
+        L = Loader([dataset], _ops(tokenizer_path), seed=3, canonical_replicas=R, chunk_size=8,
+                   global_batch_size=2 * R, exhaustion="stop", flush_every_k_chunks=1, dp_degree=dp,
+                   dp_rank=r, runner=spec, num_workers=workers, unit_size=4)
+        if state is not None:
+            L.restore(state)
+        loaders.append(L)
+    return loaders
+
+
+class Machine(RuleBasedStateMachine):
+    """The loaders of every rank of the current topology; ``delivered``: (position, piece) pairs received,
+    position being the sample's place in the pass (its identity), piece the part of a long document."""
+
+    corpus_dir = tokenizer_path = None  # set by _run on a subclass
+    runners: tuple = ()
+    shared: dict = {}
+    pieces: list = []  # each sample's piece count, from the input file
+
+    def _build(self, dp, runner, workers, state):
+        self._close()
+        if runner not in self.runners:  # the runners this run covers (processes only in the slow run)
+            runner = "threads"
+        _COUNTS["restores"] += state is not None
+        self.loaders = build_loaders(self.corpus_dir, self.tokenizer_path, self.shared, dp, runner, workers, state)
+        self.iters = [iter(L) for L in self.loaders]
+        self.ended = [False] * dp
+        self.topology = (dp, runner, workers)
+
+    def _close(self):
+        for L in getattr(self, "loaders", []):
+            L.close()
+        self.loaders = []
+
+    def _record(self, mb):
+        _COUNTS["micro_batches"] += 1
+        for srcs in mb["__src__"]:
+            self.delivered.extend(tuple(s) for s in srcs)
+
+    def _checkpoint(self):
+        state = merge_states([L.checkpoint() for L in self.loaders])
+        return json.loads(json.dumps(state))  # a checkpoint is plain JSON data
+
+    @initialize(dp=st.sampled_from([1, 2, 4]), runner=st.sampled_from(RUNNERS), workers=st.integers(1, 3))
+    def start(self, dp, runner, workers):
+        _ARMED.update(worker=-1, collate=-1)
+        _COUNTS["examples"] += 1
+        self.delivered = []
+        self.saved = None  # (checkpoint, what had been delivered when it was taken)
+        self._build(dp, runner, workers, None)
+
+    @rule(rank=st.integers(0, 3), n=st.integers(1, 12))
+    def pull(self, rank, n):
+        rank %= len(self.loaders)
+        for _ in range(n):
+            if self.ended[rank]:
+                return
+            try:
+                self._record(next(self.iters[rank]))
+            except StopIteration:
+                self.ended[rank] = True
+
+    @rule()
+    def checkpoint(self):
+        self.saved = (self._checkpoint(), list(self.delivered))
+
+    @rule(rank=st.integers(0, 3), where=st.sampled_from(["worker", "collate"]), after=st.integers(0, 6),
+          dp=st.sampled_from([1, 2, 4]), runner=st.sampled_from(RUNNERS), workers=st.integers(1, 3))
+    def interrupt(self, rank, where, after, dp, runner, workers):
+        """Raise inside the loader, checkpoint in the handler, restore on a (maybe) new topology."""
+        rank %= len(self.loaders)
+        if self.ended[rank] or (where == "worker" and self.topology[1] == "processes"):
+            return  # the flag does not reach a spawned worker
+        _ARMED[where] = after
+        try:
+            for _ in range(40):
+                self._record(next(self.iters[rank]))
+        except (Interrupt, DataError):  # a worker's error reaches the loop as a DataError naming the sample
+            state = self._checkpoint()  # what a script's `except KeyboardInterrupt:` would save
+            self._build(dp, runner, workers, state)
+        except StopIteration:
+            self.ended[rank] = True
+        finally:
+            _ARMED.update(worker=-1, collate=-1)
+
+    @precondition(lambda self: self.saved is not None)
+    @rule(dp=st.sampled_from([1, 2, 4]), runner=st.sampled_from(RUNNERS), workers=st.integers(1, 3))
+    def restore(self, dp, runner, workers):
+        state, delivered = self.saved
+        self.delivered = list(delivered)
+        self._build(dp, runner, workers, state)
+
+    @invariant()
+    def never_twice(self):
+        assert len(self.delivered) == len(set(self.delivered)), "a (document, piece) was delivered twice"
+
+    def teardown(self):
+        try:
+            if getattr(self, "loaders", None):
+                for rank, it in enumerate(self.iters):
+                    if not self.ended[rank]:
+                        for mb in it:
+                            self._record(mb)
+                check_exactly_once(self.delivered, self.pieces)
+        finally:
+            self._close()
+
+
+def _run(small_corpus, tokenizer_path, runners, examples, steps):
+    corpus_dir, pieces = small_corpus
+    shared = {}
+    _FIRED.update(worker=0, collate=0)
+    _COUNTS.update(examples=0, restores=0, micro_batches=0)
+    machine = type("Run", (Machine,), {"corpus_dir": corpus_dir, "tokenizer_path": tokenizer_path,
+                                       "runners": tuple(runners), "shared": shared, "pieces": pieces})
+    try:
+        run_state_machine_as_test(machine, settings=settings(
+            max_examples=examples, stateful_step_count=steps, deadline=None, database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
+    finally:
+        if "processes" in shared:
+            shared["processes"].close()
+    print(f"state machine: {_COUNTS['examples']} examples, {_COUNTS['restores']} restores, "
+          f"{_COUNTS['micro_batches']} micro-batches, interrupts {_FIRED}")
+    assert _COUNTS["examples"] >= examples, f"hypothesis ran {_COUNTS['examples']} of {examples} examples"
+    assert _FIRED["worker"] and _FIRED["collate"], f"the run injected too few interrupts: {_FIRED}"
+
+
+@pytest.fixture(autouse=True)
+def _collate_hook(monkeypatch):
+    real = loader_module.collate
+
+    def collate(rows):
+        _maybe_raise("collate")
+        return real(rows)
+
+    monkeypatch.setattr(loader_module, "collate", collate)
+
+
+def test_exactly_once_under_interrupts_restores_and_topology_changes(small_corpus, tokenizer_path):
+    _run(small_corpus, tokenizer_path, ["inline", "threads"], examples=30, steps=12)
+
+
+@pytest.mark.slow
+def test_exactly_once_state_machine_thousand_examples(small_corpus, tokenizer_path):
+    _run(small_corpus, tokenizer_path, ["inline", "threads", "processes"], examples=1000, steps=15)

@@ -1,0 +1,61 @@
+"""Format options of the ``zephon`` command (``verify``, ``inspect``): the flags, and the ``open_dataset``
+keywords they become for the format of each path (docs/energon.md, docs/remote.md for the formats' own)."""
+from __future__ import annotations
+
+import argparse
+
+FORMAT_CHOICES = ["jsonl", "parquet", "mds", "energon"]
+
+
+def add_format_args(p: argparse.ArgumentParser) -> None:
+    """Add the dataset-format flags to ``p`` (each one is passed only to the format that owns it)."""
+    g = p.add_argument_group("dataset format (each flag applies to the formats named)")
+    g.add_argument("--format", default=None, choices=FORMAT_CHOICES,
+                   help="default: detected (MDS: a folder with index.json; Energon: a root with .nv-meta/), else "
+                        "JSONL/Parquet by file extension")
+    g.add_argument("--split", default=None,
+                   help="MDS: the split directory under the root (<root>/<split>/index.json); "
+                        "Energon: the split part (default train)")
+    g.add_argument("--part-filter", default=None,
+                   help="Energon: comma-separated parts to read (e.g. txt,json), 'all' for every part "
+                        "(default: Energon's, the parts the field_map uses)")
+    g.add_argument("--validate-hash", default=None, help="MDS: check each shard against this index.json hash "
+                                                         "(e.g. sha1, xxh64)")
+    g.add_argument("--allow-unsafe-types", action="store_true",
+                   help="MDS: decode pkl columns; Energon: pickle parts (both run arbitrary code)")
+    g.add_argument("--cache-dir", default=None, help="where index caches and decompressed shards go "
+                                                     "(default $ZEPHON_CACHE_DIR or ~/.cache/zephon)")
+    g.add_argument("--local", default=None, help="s3:// / gs:// / msc:// sources: the local cache directory")
+    g.add_argument("--download-retry", type=int, default=None, help="object storage: re-attempts per request")
+    g.add_argument("--download-timeout", type=float, default=None, help="object storage: seconds per attempt")
+    g.add_argument("--cache-limit", default=None, help="object storage: bytes the cache may hold (e.g. 10gb)")
+
+
+def source_format(args, source: str) -> str | None:
+    """The format ``source`` will be opened as: ``--format``, else detected (None: JSONL/Parquet files)."""
+    from .formats.registry import detect_format
+
+    fmt = getattr(args, "format", None)
+    return fmt if fmt is not None else detect_format(source)
+
+
+def open_keywords(args, source: str) -> tuple[str | None, dict]:
+    """``(format, open_dataset keywords)`` for ``source`` from the flags the user gave.
+
+    ``--split`` becomes ``split_part`` for an Energon root and ``split`` otherwise (MDS); a flag of another
+    format is passed on, so ``open_dataset`` refuses it with a message naming the format that takes it.
+    """
+    fmt = source_format(args, source)
+    kw: dict = {"format": getattr(args, "format", None)}
+    split = getattr(args, "split", None)
+    if split is not None:
+        kw["split_part" if fmt == "energon" else "split"] = split
+    pf = getattr(args, "part_filter", None)
+    if pf is not None:
+        kw["part_filter"] = None if pf == "all" else [x for x in pf.split(",") if x]
+    for name in ("validate_hash", "cache_dir", "local", "download_retry", "download_timeout", "cache_limit"):
+        if getattr(args, name, None) is not None:
+            kw[name] = getattr(args, name)
+    if getattr(args, "allow_unsafe_types", False):
+        kw["allow_unsafe_types"] = True
+    return fmt, kw

@@ -1,0 +1,62 @@
+"""More ranks than lanes: each of the ``shares`` ranks of a lane runs the whole lane and keeps its block.
+
+With ``dp_degree = shares * canonical_replicas``, the ``shares`` ranks of a lane each run that lane's full
+pipeline (the cost: every sharing rank does the lane's whole work) and keep block ``index`` of the
+``shares`` contiguous, equal blocks of each step's rows (whole micro-batches); the other blocks are
+produced and discarded. The lane's output does not depend on the rank, so the union of the blocks over
+the sharing ranks, in rank order, is the lane's step: the global batch stays byte-identical to any other
+dp_degree. A lane's checkpoint entry is one cursor, so a sharing rank hands out its last micro-batch of a
+step only once the whole step is taken (the blocks after its own drained): its ``__state__`` and
+``Loader.checkpoint()`` then say "through step s", the same entry on every rank that shares the lane
+(``checkpoint.merge_states`` accepts a lane from several ranks only when identical). See
+docs/distributed.md, "More ranks than lanes".
+"""
+from __future__ import annotations
+
+
+def shared_micro_batches(loader, steps):
+    """Filter a sharing rank's lane micro-batches down to its block of each step.
+
+    Args:
+        loader: the ``Loader`` (``lane_shares`` > 1, ``share_index``, ``rows_per_lane_step``,
+            ``batch.micro_batch_size``; it owns one lane, or none as a host worker without a share).
+        steps: the loader's own iterator over its lane's micro-batches (``Loader._steps()``), in (step,
+            micro-batch) order; micro-batch ``j`` of a step holds the lane's rows ``[j*m, (j+1)*m)`` of it.
+    Yields the micro-batches ``j`` with ``index*b <= j < (index+1)*b`` (``b = rows_per_lane_step / (shares *
+    micro_batch_size)``), ``__micro__`` unchanged (the lane's index, so every rank's micro-batches of a lane
+    sort into the lane's order). Before the last of them in a step, the rest of the step is taken and the
+    lane read one row ahead, so its ``__state__`` (with ``emit_state``) is the deterministic step-boundary
+    entry."""
+    m = loader.batch.micro_batch_size
+    per_step = loader.rows_per_lane_step // m          # micro-batches of a lane's step
+    b = per_step // loader.lane_shares                 # this rank's micro-batches per step
+    lo, hi = loader.share_index * b, (loader.share_index + 1) * b
+    held = None  # this rank's last micro-batch of the step, waiting for the rest of the step to be taken
+    for mb in steps:
+        j = mb["__micro__"]
+        if held is not None and (mb["__step__"] != held["__step__"]):
+            yield _settled(loader, held)  # the step ended early (a finite lane's short tail)
+            held = None
+        if lo <= j < hi:
+            if j == hi - 1:
+                held = mb
+            else:
+                yield mb
+        if held is not None and j == per_step - 1:
+            yield _settled(loader, held)
+            held = None
+    if held is not None:
+        yield _settled(loader, held)
+
+
+def _settled(loader, mb: dict) -> dict:
+    """``mb`` with its lane's state read once the lane holds its next row (or ended): a span whose rows
+    were all taken is then sealed on every rank alike, whatever its prefetch, so the entry is the same."""
+    lane = mb["__lane__"]
+    commit = getattr(loader, "_commit_handed", None)
+    if commit is not None:  # the step's micro-batches pulled so far count as delivered (this filter has them)
+        commit()
+    loader._ensure(lane, 1)
+    if loader.emit_state:
+        mb["__state__"] = loader._state[lane].state()
+    return mb
