@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -98,7 +99,10 @@ def shm_fds() -> int:
 
 
 def dev_shm() -> set:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    """Named shared memory: what a runner could leak. The host side channel's directories (``zephon-streaming-*``,
+    made by other tests running at the same time) are not the runner's."""
+    names = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
+    return {n for n in names if not n.startswith("zephon-streaming-")}
 
 
 def test_processes_output_identical_to_inline_and_nothing_leaks(jsonl, reference):
@@ -152,22 +156,38 @@ def test_shm_pack_round_trip_keeps_values_dtypes_and_nesting():
     assert shm.pack([{"x": np.zeros(3)}], threshold=1000)[1] is None  # nothing large: no file at all
 
 
+def _kill_a_busy_worker(runner, after_rows, rows, killed) -> None:
+    """From a side thread: once ``rows`` holds ``after_rows`` rows, SIGKILL the first worker seen holding a unit
+    (so its death must re-run work); record its pid in ``killed``. Gives up after 60 s."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not killed:
+        if len(rows) >= after_rows:
+            with runner._lock:
+                busy = [w.pid for w in runner._workers if w.outstanding]
+            if busy:
+                os.kill(busy[0], signal.SIGKILL)
+                killed.append(busy[0])
+                return
+        time.sleep(0.0005)
+
+
 def test_killed_worker_is_replaced_and_nothing_is_lost_or_repeated(jsonl, reference):
     template = make(jsonl, "inline", fn=slow_image)
     runner = ProcessRunner(template.stage, 2)
+    out, killed = [], []
+    killer = threading.Thread(target=_kill_a_busy_worker, args=(runner, 8, out, killed), daemon=True)
     try:
         with make(jsonl, runner, fn=slow_image) as L:
-            it, out = iter(L), []
-            for mb in it:
+            killer.start()
+            for mb in L:
                 out.extend((mb["__lane__"], mb["__step__"], t, hashlib.sha256(mb["image"][i].tobytes()).hexdigest())
                            for i, t in enumerate(mb["text"]))
-                if len(out) == 8:
-                    victim = runner.pids[0]
-                    os.kill(victim, signal.SIGKILL)
             assert out == reference
-        assert [pid for pid, *_ in runner.deaths] == [victim]
+        killer.join(5)
+        assert killed, "no worker held a unit while the test iterated: nothing was killed"
+        assert [pid for pid, *_ in runner.deaths] == killed
         assert runner.deaths[0][1] == -signal.SIGKILL and runner.deaths[0][2] >= 1  # it held units: re-run
-        assert runner.restarts == 1 and victim not in runner.pids and len(runner.pids) == 2
+        assert runner.restarts == 1 and killed[0] not in runner.pids and len(runner.pids) == 2
     finally:
         runner.close()
 
