@@ -238,3 +238,27 @@ def test_unknown_eos_token_says_to_pass_eos_token_and_which(corpus, tmp_path, ca
     capsys.readouterr()
     assert main(base + ["--eos-token", str(tok.token_to_id("</s>"))]) == 0  # an id works too
     assert "OK: all 6 steps" in capsys.readouterr().out
+
+
+def test_new_users_verify_mistakes_get_one_line_errors_naming_the_flag(corpus, tokenizer_path, tmp_path, capsys):
+    """Found by a new user: a malformed --schedule file gave a YAML traceback; --schedule with --weights blamed
+    --ensure-mixture; the default --dp 16 on 8 lanes failed without naming --dp or its default; the suggested
+    --eos-token was the first special token ('<pad>') rather than the end-of-document one."""
+    base = ["verify", "--data", corpus["docs_jsonl"], "--data", corpus["code_jsonl"], "--tokenizer", tokenizer_path,
+            *SMALL]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- linear: {0: 9, 4: 9\n- [oops\n")
+    assert main(base + ["--schedule", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zephon: error:") and "bad.yaml" in err and "not a valid YAML/JSON schedule" in err
+    good = tmp_path / "good.yaml"
+    good.write_text("- 1\n- 1\n")
+    assert main(base + ["--schedule", str(good), "--weights", "1,2"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be combined with --weights" in err and "--ensure-mixture" not in err
+    assert main(["verify", "--data", corpus["docs_jsonl"], "--tokenizer", tokenizer_path, "--canonical-replicas", "8",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--dp 16" in err and "--dp defaults to 16" in err and "--micro-batch 1" in err
+    from zephon.cli import _special_tokens
+    assert _special_tokens(tokenizer_path).endswith("e.g. --eos-token '<eos>'")  # not '<pad>', listed first

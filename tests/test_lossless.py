@@ -249,3 +249,42 @@ def test_packed_padding_needs_no_delivered_row(tmp_path, tokenizer_path):
 
 def _keep(record) -> bool:
     return bool(record["keep"])
+
+
+def _keep_second_half(record):
+    return int(record["text"].split()[-1]) >= 150
+
+
+def _drop_first_forty(record):
+    return int(record["text"].split()[-1]) >= 40
+
+
+def test_drop_last_pass_that_delivers_no_step_is_an_error_and_large_drops_warn(tmp_path):
+    """A new user's case: a filter leaves lanes 0-1 of a finite, unshuffled pass empty. With drop_last=True no step
+    completes: the whole pass would vanish into ``dropped_rows``. It raises instead, naming the empty lanes; when
+    some steps complete but more than a step's rows are dropped, a warning says so."""
+    from zephon import Filter
+    from zephon.formats import DataError, DataWarning
+
+    with open(tmp_path / "docs.jsonl", "w") as f:
+        for i in range(300):
+            f.write(json.dumps({"text": f"doc {i}"}) + "\n")
+
+    def loader(keep):
+        ops = [Decode("text")] + ([Filter(keep)] if keep else []) + [Batch(2, drop_last=True)]
+        return Loader([open_dataset(str(tmp_path))], ops, canonical_replicas=4, global_batch_size=8,
+                      exhaustion="stop", shuffle=False, runner="inline")
+
+    with pytest.raises(DataError, match=r"delivered no step.*lanes \[0, 1\].*drop_last=False"):
+        list(loader(_keep_second_half))  # lanes 0-1 hold docs 0-149, all filtered
+    L = loader(_drop_first_forty)  # lane 0 keeps 35 of its 75 docs: 17 steps, then 124 rows dropped
+    with pytest.warns(DataWarning, match=r"lanes \[0\].*124 rows left"):
+        rows = sum(len(mb["text"]) for mb in L)
+    assert rows == 17 * 8 and L.stats()["dropped_rows"] == 124
+    # without the filter every lane holds 75 rows: the pass ends on a short step (3 rows of 75 dropped per lane)
+    L = loader(None)
+    import warnings as w
+    with w.catch_warnings():
+        w.simplefilter("error", DataWarning)  # a normal short last step is dropped quietly
+        rows = sum(len(mb["text"]) for mb in L)
+    assert rows + L.stats()["dropped_rows"] == 300 and L.stats()["dropped_rows"] < 8

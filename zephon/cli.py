@@ -62,8 +62,10 @@ def _special_tokens(tokenizer_path) -> str:
     decoder = getattr(tok, "get_added_tokens_decoder", lambda: {})()
     special = [t.content for _, t in sorted(decoder.items()) if getattr(t, "special", False)]
     if special:
-        return "its special tokens: " + ", ".join(repr(t) for t in special[:8]) + \
-            f", e.g. --eos-token {special[0]!r}"
+        # suggest an end-of-document token when one is there, not the first special token (often <pad>)
+        hints = ("eos", "endoftext", "</s>", "end_of_text", "eot")
+        best = next((t for t in special if any(h in t.lower() for h in hints)), special[0])
+        return "its special tokens: " + ", ".join(repr(t) for t in special[:8]) + f", e.g. --eos-token {best!r}"
     return "it has no special tokens: pass a token id (e.g. --eos-token 0) or add an end-of-text token to it"
 
 
@@ -76,8 +78,9 @@ def _build_pipeline(args, tokenizer_path):
         raise ValueError(f"{len(weights)} --weights for {len(datasets)} --data paths")
     if getattr(args, "schedule", None):  # verify --schedule FILE: weights that change with the step
         from .work import Schedule
-        if args.weights or args.ensure_mixture:
-            raise ValueError("--schedule replaces --weights and cannot be combined with --ensure-mixture")
+        given = [flag for flag, on in (("--weights", args.weights), ("--ensure-mixture", args.ensure_mixture)) if on]
+        if given:
+            raise ValueError(f"--schedule replaces --weights and cannot be combined with {' or '.join(given)}")
         weights = Schedule.load(args.schedule)
         if weights.num_datasets != len(datasets):
             raise ValueError(f"{args.schedule}: a schedule of {weights.num_datasets} datasets for {len(datasets)} "
@@ -141,16 +144,21 @@ def _run_verify(args, tokenizer_path) -> int:
     import os
 
     from .verify import elastic_verify
-    from .work import check_share_rows, check_topology
+    from .work import TopologyError, check_share_rows, check_topology
 
     resume = _numbers(args.resume_dp, int, "--resume-dp")
     R = args.canonical_replicas
     gbs = args.global_batch_size or R * args.micro_batch
-    for dp in [args.dp, *resume]:  # before any work: a bad topology should not cost a run
-        check_topology(R, dp)
-        if dp > R and gbs % R == 0:  # ranks share lanes: each takes whole micro-batches of a lane's step
-            for m in {args.micro_batch, args.resume_micro_batch or args.micro_batch}:
+    runs = [("--dp", args.dp, args.micro_batch, "--micro-batch")] + [
+        ("--resume-dp", dp, args.resume_micro_batch or args.micro_batch, "--resume-micro-batch") for dp in resume]
+    for flag, dp, m, m_flag in runs:  # before any work: a bad topology should not cost a run
+        try:
+            check_topology(R, dp)
+            if dp > R and gbs % R == 0:  # ranks share lanes: each takes whole micro-batches of a lane's step
                 check_share_rows(gbs // R, m, dp // R)
+        except TopologyError as e:
+            raise TopologyError(f"{flag} {dp} ({m_flag} {m}; --dp defaults to 16 and --resume-dp to 8,32,64) with "
+                                f"--canonical-replicas {R}: {e}") from None
     if args.output_json and not os.path.isdir(os.path.dirname(os.path.abspath(args.output_json))):
         raise ValueError(f"--output-json: directory of {args.output_json} does not exist")
     _, make_loader = _build_pipeline(args, tokenizer_path)
@@ -286,8 +294,8 @@ def _positive(text: str) -> int:
 
 def _pipeline_args(p, demo: bool) -> None:
     p.add_argument("--canonical-replicas", type=int, default=64, help="lanes (fixed for a run)")
-    p.add_argument("--dp", type=int, default=16, help="dp degree of the checkpointed run")
-    p.add_argument("--resume-dp", default="8,32,64", help="comma-separated dp degrees to resume on")
+    p.add_argument("--dp", type=int, default=16, help="dp degree of the checkpointed run (default 16)")
+    p.add_argument("--resume-dp", default="8,32,64", help="comma-separated dp degrees to resume on (default 8,32,64)")
     p.add_argument("--checkpoint-step", type=int, default=20 if demo else 150)
     p.add_argument("--steps", type=int, default=40 if demo else 300)
     p.add_argument("--max-length", type=int, default=2048, help="tokens per packed row")

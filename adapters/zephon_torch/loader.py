@@ -4,14 +4,16 @@ They iterate a ``ZephonIterableDataset`` with ``batch_size=None`` (one item per 
 the workers); ``zephon.host.RankSession`` puts the rank's lane micro-batches of each (step, micro-batch)
 back together and records each lane's checkpoint entry as it is handed to the training loop. The state
 therefore reflects exactly what the loop consumed, and it does not depend on ``num_workers`` or
-prefetching: save with 2 workers, resume with 0 or 3. This module translates torch's keywords and
-converts micro-batches to tensors; nothing else.
+prefetching: save with 2 workers, resume with 0 or 3. This module translates torch's keywords,
+converts micro-batches to tensors and hands a user's ``collate_fn`` the samples of each local micro-batch
+(in the consuming process, where the rank's lanes meet); nothing else.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 import torch.utils.data
+import torch.utils.data._utils.collate as _torch_collate
 from torchdata.stateful_dataloader import StatefulDataLoader as _TorchdataStatefulDataLoader
 
 from .dataset import ZephonIterableDataset, to_torch
@@ -20,11 +22,11 @@ from .dataset import ZephonIterableDataset, to_torch
 _RAGGED = ("cu_seqlens",)
 
 
-def _concat(group: list) -> dict:
+def _concat(group: list, env: dict | None = None) -> dict:
     """Concatenate a group's lane micro-batches (``(meta, numpy micro-batch)``, same step and micro-batch
     index, lane order) along rows, then convert to torch (``to_torch``). Adds ``__lane__`` (per row),
     ``__step__``, ``__micro__`` and, in a finite pass's padded last step, ``__pad__`` (per row: True for a
-    padding row)."""
+    padding row): ``_envelope(group)`` unless ``env`` is given."""
     parts = [p for _, p in group]
     out = {}
     for k in parts[0]:
@@ -36,12 +38,40 @@ def _concat(group: list) -> dict:
         else:
             out[k] = [x for v in vals for x in v] if isinstance(vals[0], list) else vals
     out = to_torch(out)
-    out["__lane__"] = torch.tensor([m["lane"] for m, _ in group for _ in range(m["rows"])], dtype=torch.long)
-    if any(m.get("pad") for m, _ in group):  # a finite pass's last step: which rows are padding
-        out["__pad__"] = torch.tensor([i >= m["rows"] - m.get("pad", 0) for m, _ in group for i in range(m["rows"])])
-    out["__step__"] = group[0][0]["step"]
-    out["__micro__"] = group[0][0]["micro"]
+    out.update(_envelope(group) if env is None else env)
     return out
+
+
+#: torch's own defaults spelled out: they mean "no collate_fn" (the numpy transport, then ``_concat``).
+_TORCH_DEFAULTS = (torch.utils.data.default_collate, torch.utils.data.default_convert,
+                   _torch_collate.default_collate, _torch_collate.default_convert)
+
+
+def _is_torch_default(fn) -> bool:
+    return fn is None or any(fn is f for f in _TORCH_DEFAULTS)
+
+
+def _rows(group: list) -> list[dict]:
+    """A group's samples, one dict per row in lane order, as ``ZephonIterableDataset`` yields them converted
+    (``to_torch``): the rows ``_concat`` would put into the local micro-batch, padding rows included."""
+    out = []
+    for meta, payload in group:
+        if payload is None:
+            continue
+        mb = to_torch(payload)
+        out.extend({k: v[i] for k, v in mb.items()} for i in range(meta["rows"]))
+    return out
+
+
+def _envelope(group: list) -> dict:
+    """The adapter's transport metadata of a group (``__lane__`` per row, ``__step__``, ``__micro__``,
+    ``__pad__`` per row in a padded step), as ``_concat`` adds it to a default batch."""
+    rows = [(m, i) for m, p in group if p is not None for i in range(m["rows"])]
+    env = {"__lane__": torch.tensor([m["lane"] for m, _ in rows], dtype=torch.long),
+           "__step__": group[0][0]["step"], "__micro__": group[0][0]["micro"]}
+    if any(m.get("pad") for m, _ in group):
+        env["__pad__"] = torch.tensor([i >= m["rows"] - m.get("pad", 0) for m, i in rows])
+    return env
 
 
 def _as_is(item):
@@ -65,19 +95,39 @@ class _RankStateMixin:
             raise ValueError("persistent_workers=True would carry rows prefetched but never consumed into the next "
                              "iteration; Zephon restarts workers from the consumed state instead")
         kwargs["batch_size"] = None
-        if kwargs.get("collate_fn") is None:  # absent or torch's default spelled out: numpy transport
-            kwargs["collate_fn"] = _as_is
-        dataset.report_drops = True  # ... and yields (meta, numpy micro-batch) items (see _as_is)
+        # The workers always send (meta, numpy micro-batch) items (see _as_is); torch's own default collate
+        # spelled out is no collate_fn. A user's collate_fn gets one local micro-batch's samples in the
+        # consuming process: a worker holds only its share of the rank's lanes, never a whole local micro-batch.
+        user = kwargs.pop("collate_fn", None)
+        self.user_collate = None if _is_torch_default(user) else user
+        kwargs["collate_fn"] = _as_is
+        dataset.report_drops = True
         self._session = dataset.session
+        self.batch_info: dict | None = None  # the envelope of the last batch handed out (see _build)
 
     @property
     def dropped_rows(self) -> int:
         """A finite stream's rows after the last step every lane and rank completed."""
         return self._session.dropped_rows
 
+    def _build(self, group):
+        """A group (one local micro-batch) -> what the loop receives: ``_concat`` of it, or the user's
+        ``collate_fn(rows)``. The envelope (``__lane__``, ``__step__``, ``__micro__``, ``__pad__``) is kept in
+        ``batch_info``, and also set on a dict the user's collate returns unless it has those keys."""
+        env = _envelope(group)
+        self.batch_info = env
+        if self.user_collate is None:
+            return _concat(group, env)
+        out = self.user_collate(_rows(group))
+        if isinstance(out, dict):
+            for k, v in env.items():
+                out.setdefault(k, v)
+        return out
+
     def _assembled(self, items):
-        # _concat runs before the group counts as consumed: an exception in it loses nothing.
-        yield from self._session.ordered_groups(items, build=_concat)
+        # _build runs before the group counts as consumed: an exception in it (the user's collate_fn
+        # included) loses nothing; the state is recorded as each result is handed to the loop.
+        yield from self._session.ordered_groups(items, build=self._build)
 
     def _before_iter(self):
         # A new iteration (or the first after load_state_dict) starts from what was consumed.
@@ -105,8 +155,14 @@ class DataLoader(_RankStateMixin, torch.utils.data.DataLoader):
     ``multiprocessing_context``, ...); ``batch_size`` must be None and ``persistent_workers`` False.
     Yields local micro-batches: the rank's lane micro-batches of one (step, micro) concatenated in lane
     order, tensors ``[lanes * micro_batch_size, max_length]`` plus ``__lane__`` (per row), ``__step__``,
-    ``__micro__``. ``state_dict()`` (this rank's lanes, or merged over ranks when torch.distributed is
-    initialised: then a collective) and ``load_state_dict(state)`` (a rank's or a merged state; the next
+    ``__micro__``. ``collate_fn``: None, or torch's ``default_collate`` / ``default_convert`` spelled out, gives
+    those batches; any other function is called, in the main process, with the list of one local micro-batch's
+    samples (one dict per row, lane order, as ``ZephonIterableDataset`` yields them; padding rows of a finite
+    pass's last step included, flagged in ``__pad__``), and its result is what the loop receives; when that
+    result is a dict, ``__lane__``, ``__step__``, ``__micro__`` (and ``__pad__``) are added unless present.
+    ``batch_info`` holds them for the last batch handed out, whatever the result. ``state_dict()`` (this
+    rank's lanes, or merged over ranks when torch.distributed is initialised: then a collective) and
+    ``load_state_dict(state)`` (a rank's or a merged state; the next
     ``iter()`` starts there). Raises ``CheckpointError`` for a state of another config or missing lanes."""
 
     def __init__(self, dataset, **kwargs):

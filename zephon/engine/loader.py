@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 
+from ..formats import DataError, DataWarning
 from ..ops.batch import Batch, collate, padding_row
 from ..work import WorkSource, check_share_rows, lane_share, lanes_for_rank
 from .. import checkpoint as ckpt
@@ -354,11 +356,28 @@ class Loader:
         return None
 
     def _drop_rest(self) -> None:
-        """Count (never silently lose) every row left in the owned lanes of a finished stream."""
+        """Count (never silently lose) every row left in the owned lanes of a finished stream. More than one
+        step's rows dropped is said aloud (a warning); a pass that delivered no step at all is an error."""
+        empty = [lane for lane in self.lanes  # the lanes that cannot fill another step
+                 if self._state[lane].finished and len(self._state[lane].rows) < self.rows_per_lane_step]
+        before, delivered = self.dropped_rows, sum(self._state[lane].delivered_rows for lane in self.lanes)
         for lane in self.lanes:
             st = self._state[lane]
             self._ensure(lane, float("inf"))
             self.dropped_rows += len(st.take(len(st.rows)))
+        dropped = self.dropped_rows - before
+        if not dropped:
+            return
+        why = (f"lanes {empty} of dp_rank {self.dp_rank} ran out of rows, so with Batch(drop_last=True) no later step "
+               f"is complete and the {dropped} rows left in its other lanes are dropped (loader.stats()"
+               f"['dropped_rows'])")
+        if delivered == 0:
+            raise DataError(f"this finite pass delivered no step: {why}. Its samples are spread unevenly over the "
+                            f"lanes (every sample of some lanes skipped or filtered?); use Batch(drop_last=False), "
+                            f"which pads the last steps instead, or fewer canonical_replicas")
+        if dropped > len(self.lanes) * self.rows_per_lane_step:
+            warnings.warn(f"finite pass: {why}; use Batch(drop_last=False) to deliver them (the last steps padded)",
+                          DataWarning, stacklevel=2)
 
     def _ensure(self, lane: int, n: int) -> None:
         st = self._state[lane]

@@ -152,12 +152,16 @@ class Schedule:
     def load(cls, path) -> "Schedule":
         """Read a YAML or JSON file: a list of per-dataset specs, or ``{"weights": [...], "positions_per_step":
         n}``. Raises ``ValueError`` naming the file when it is not one."""
-        text = open(path, encoding="utf-8").read()
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
         try:
             import yaml
-            obj = yaml.safe_load(text)
         except ImportError:  # pragma: no cover - yaml ships with the project's extras
-            obj = json.loads(text)
+            yaml = None
+        try:
+            obj = yaml.safe_load(text) if yaml is not None else json.loads(text)
+        except (ValueError, getattr(yaml, "YAMLError", ValueError)) as e:  # name the file and the parser's position
+            raise ValueError(f"{path}: not a valid YAML/JSON schedule: {e}") from None
         try:
             return cls(obj) if isinstance(obj, list) else cls.from_dict(obj)
         except ValueError as e:

@@ -119,7 +119,13 @@ class ProcessRunner(Runner):
         self.prefetch = max(1, prefetch)
         self.restarts = 0                 # replacements started so far
         self.deaths: list[tuple] = []     # (pid, return code, units it held) of every dead worker
-        self._stage_bytes = pickle.dumps(stage, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            self._stage_bytes = pickle.dumps(stage, protocol=pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
+            ops = ", ".join(getattr(op, "name", type(op).__name__) for op in getattr(stage, "ops", []))
+            raise type(e)(f"runner='processes' sends the pipeline to each worker process, so every operator's "
+                          f"function must be importable there (a module-level def, not a lambda, closure or "
+                          f"method of a local object); operators on workers: {ops or '?'}; pickle said: {e}") from e
         self._prep = _preparation_data()
         self._lock = threading.Lock()
         self._tasks: dict[int, _Task] = {}
