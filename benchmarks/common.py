@@ -49,24 +49,23 @@ def children_pids() -> list[int]:
         return [p.pid for p in multiprocessing.active_children() if p.pid]
 
 
-class RssWatch:
-    """Peak RSS of this process and of the largest / summed descendants, sampled every 50 ms on a thread
-    (descendants may exit before the end of the pass, so VmHWM alone would miss them)."""
+class PeriodicWatch:
+    """A daemon thread calling ``tick()`` every ``interval`` seconds while the ``with`` block runs (memory peaks
+    of processes that may exit before the end, which a final reading would miss). Subclasses define ``tick``."""
 
-    def __init__(self, interval: float = 0.05):
+    def __init__(self, interval: float):
         import threading
 
         self.interval = interval
-        self.peak_children = {}
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
+    def tick(self) -> None:
+        raise NotImplementedError
+
     def _run(self):
         while not self._stop.is_set():
-            for pid in children_pids():
-                r = peak_rss_mib(pid)
-                if r is not None:
-                    self.peak_children[pid] = max(r, self.peak_children.get(pid, 0.0))
+            self.tick()
             self._stop.wait(self.interval)
 
     def __enter__(self):
@@ -76,6 +75,21 @@ class RssWatch:
     def __exit__(self, *exc):
         self._stop.set()
         self._t.join()
+
+
+class RssWatch(PeriodicWatch):
+    """Peak RSS of this process and of the largest / summed descendants, sampled every 50 ms on a thread
+    (descendants may exit before the end of the pass, so VmHWM alone would miss them)."""
+
+    def __init__(self, interval: float = 0.05):
+        super().__init__(interval)
+        self.peak_children = {}
+
+    def tick(self) -> None:
+        for pid in children_pids():
+            r = peak_rss_mib(pid)
+            if r is not None:
+                self.peak_children[pid] = max(r, self.peak_children.get(pid, 0.0))
 
     def result(self) -> dict:
         ch = list(self.peak_children.values())

@@ -17,9 +17,10 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
+
+from benchmarks.common import PeriodicWatch
 
 REPO = Path(__file__).resolve().parent.parent
 START, END = "<!-- freethreaded:start -->", "<!-- freethreaded:end -->"
@@ -46,16 +47,15 @@ def _gil_enabled() -> bool:
     return True if f is None else bool(f())
 
 
-class PssWatch:
+class PssWatch(PeriodicWatch):
     """Peak of (PSS of this process + PSS of every live descendant), in MiB, sampled every ``interval`` s.
     Reading PSS walks the page tables under each process's memory lock: sampled too often, it slows the run."""
 
     def __init__(self, interval: float = 0.5):
         import psutil
 
-        self.psutil, self.interval, self.peak = psutil, interval, 0.0
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
+        super().__init__(interval)
+        self.psutil, self.peak = psutil, 0.0
 
     def sample(self) -> float:
         me = self.psutil.Process()
@@ -80,18 +80,8 @@ class PssWatch:
                 pass
         return total
 
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.sample())
-            self._stop.wait(self.interval)
-
-    def __enter__(self):
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._t.join()
+    def tick(self) -> None:
+        self.peak = max(self.peak, self.sample())
 
 
 def child(cfg: dict) -> dict:
