@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 from collections import defaultdict
+from fractions import Fraction
 
 from zephon.engine import Loader
 from zephon.formats import open_dataset
@@ -95,3 +96,20 @@ def count_preads(monkeypatch) -> list[int]:
         return out
     monkeypatch.setattr(os, "pread", counting)
     return sizes
+
+
+def schedule_weight(spec, step):
+    """Energon PR #208's semantics, written independently: step = value of the greatest key <= step;
+    linear = interpolation between keys, constant outside."""
+    if not isinstance(spec, dict):
+        return Fraction(spec)
+    (kind, pts), = spec.items()
+    pts = sorted((int(k), Fraction(v)) for k, v in pts.items())
+    if kind == "step":
+        return [v for k, v in pts if k <= step][-1] if step >= pts[0][0] else pts[0][1]
+    if step <= pts[0][0]:
+        return pts[0][1]
+    for (k0, v0), (k1, v1) in zip(pts, pts[1:]):
+        if step <= k1:
+            return v0 + (v1 - v0) * Fraction(step - k0, k1 - k0)
+    return pts[-1][1]

@@ -16,24 +16,9 @@ import pytest
 from zephon import Batch, CheckpointError, Loader, Schedule, merge_states, open_dataset
 from zephon.work import ScheduledMixture, WorkSource
 
+from helpers import schedule_weight
+
 SIZES = {"web": 400, "code": 250, "math": 150}
-
-
-def energon_weight(spec, step):
-    """Energon PR #208's semantics, written independently: step = value of the greatest key <= step;
-    linear = interpolation between keys, constant outside."""
-    if not isinstance(spec, dict):
-        return Fraction(spec)
-    (kind, pts), = spec.items()
-    pts = sorted((int(k), Fraction(v)) for k, v in pts.items())
-    if kind == "step":
-        return [v for k, v in pts if k <= step][-1] if step >= pts[0][0] else pts[0][1]
-    if step <= pts[0][0]:
-        return pts[0][1]
-    for (k0, v0), (k1, v1) in zip(pts, pts[1:]):
-        if step <= k1:
-            return v0 + (v1 - v0) * Fraction(step - k0, k1 - k0)
-    return pts[-1][1]
 
 
 def spec_three_phases():
@@ -44,7 +29,7 @@ def spec_three_phases():
 
 
 def oracle_shares(spec, step):
-    w = [energon_weight(s, step) for s in spec]
+    w = [schedule_weight(s, step) for s in spec]
     return [x / sum(w) for x in w]
 
 
@@ -226,7 +211,7 @@ def extended(spec, at, weights):
     out = []
     for s, w in zip(spec, weights):
         (kind, pts), = s.items()
-        out.append({kind: {**pts, at - 1: energon_weight(s, at - 1), at: w}} if kind == "linear" else
+        out.append({kind: {**pts, at - 1: schedule_weight(s, at - 1), at: w}} if kind == "linear" else
                    {kind: {**pts, at: w}})
     return out
 

@@ -14,23 +14,9 @@ from fractions import Fraction
 
 import pytest
 
+from helpers import schedule_weight
+
 torch = pytest.importorskip("torch")
-
-
-def weight_at(spec, step):
-    """Energon PR #208: step = value of the greatest key <= step; linear = interpolated, constant outside."""
-    if not isinstance(spec, dict):
-        return Fraction(spec)
-    (kind, pts), = spec.items()
-    pts = sorted((int(k), Fraction(v)) for k, v in pts.items())
-    if kind == "step":
-        return [v for k, v in pts if k <= step][-1] if step >= pts[0][0] else pts[0][1]
-    if step <= pts[0][0]:
-        return pts[0][1]
-    for (k0, v0), (k1, v1) in zip(pts, pts[1:]):
-        if step <= k1:
-            return v0 + (v1 - v0) * Fraction(step - k0, k1 - k0)
-    return pts[-1][1]
 
 
 def check_against_integral(per_step, specs, gbs, first_step=0):
@@ -39,7 +25,7 @@ def check_against_integral(per_step, specs, gbs, first_step=0):
     b = max(1, math.ceil(math.log2(len(specs))))
     cum, integral = [0] * len(specs), [Fraction(0)] * len(specs)
     for k, counts in enumerate(per_step):
-        w = [weight_at(s, first_step + k) for s in specs]
+        w = [schedule_weight(s, first_step + k) for s in specs]
         assert sum(counts) == gbs
         for d in range(len(specs)):
             cum[d] += counts[d]
