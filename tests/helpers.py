@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import inspect
 from collections import defaultdict
+from contextlib import contextmanager
 from fractions import Fraction
 
 from zephon.engine import Loader
@@ -113,3 +115,19 @@ def schedule_weight(spec, step):
         if step <= k1:
             return v0 + (v1 - v0) * Fraction(step - k0, k1 - k0)
     return pts[-1][1]
+
+
+@contextmanager
+def world(rank, size):
+    """RANK / WORLD_SIZE / LOCAL_WORLD_SIZE set for one simulated rank (one node), restored afterwards."""
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+    old = {k: os.environ.get(k) for k in keys}
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_WORLD_SIZE=str(size))
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

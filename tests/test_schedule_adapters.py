@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import math
 import os
-from contextlib import contextmanager
 from fractions import Fraction
 
 import pytest
 
-from helpers import schedule_weight
+from helpers import schedule_weight, world
 
 torch = pytest.importorskip("torch")
 
@@ -85,8 +84,8 @@ def test_energon_metadataset_schedule_follows_the_integral_at_every_step(energon
 def test_energon_schedule_batches_identical_at_world_1_2_4(energon_mix):
     path, _ = energon_mix
     ref = energon_steps(path, 1, 14)
-    for world in (2, 4):
-        assert energon_steps(path, world, 14) == ref
+    for size in (2, 4):
+        assert energon_steps(path, size, 14) == ref
 
 
 def test_energon_schedule_step_size_keyword_sets_samples_per_step(energon_mix):
@@ -125,21 +124,6 @@ def test_energon_metadataset_leaves_carry_the_schedule_and_nested_schedules_are_
 
 
 # ------------------------------------------------------------------------------------------ Mosaic streaming
-
-@contextmanager
-def world(rank, size):
-    keys = ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
-    old = {k: os.environ.get(k) for k in keys}
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_WORLD_SIZE=str(size))
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
 
 @pytest.fixture(scope="module")
 def stream_dirs(tmp_path_factory):

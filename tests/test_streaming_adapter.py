@@ -12,7 +12,6 @@ import json
 import os
 import threading
 from collections import Counter
-from contextlib import contextmanager
 
 import pytest
 
@@ -20,27 +19,12 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.data import DataLoader  # noqa: E402
 
-from helpers import host_keywords  # noqa: E402
+from helpers import host_keywords, world  # noqa: E402
 from zephon.engine import CheckpointError  # noqa: E402
 from zephon_streaming import RefusedKeyword, Stream, StreamingDataLoader, StreamingDataset  # noqa: E402
 
 GBS = 16          # global batch: 16 rows; 16 lanes by default (num_canonical_nodes = global batch)
 CHUNK = 4
-
-
-@contextmanager
-def world(rank, size):
-    keys = ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
-    old = {k: os.environ.get(k) for k in keys}
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_WORLD_SIZE=str(size))
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def write_jsonl(root, name, n_shards, per_shard, offset):
