@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import inspect
 from collections import defaultdict
 from contextlib import contextmanager
@@ -131,3 +132,18 @@ def world(rank, size):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextmanager
+def deadline(seconds: int, what: str):
+    """Fail (instead of hanging the suite) when the body runs longer than ``seconds``; ``what`` says what hung."""
+    def on_alarm(*_):
+        raise TimeoutError(f"still running after {seconds} s: {what}")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

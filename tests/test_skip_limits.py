@@ -2,8 +2,6 @@
 and a dataset or lane that yields nothing is an error, never a spin. Real Parquet files (pyarrow)."""
 from __future__ import annotations
 
-import signal
-from contextlib import contextmanager
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,20 +11,7 @@ from zephon.engine import Loader
 from zephon.formats import DataError, open_dataset
 from zephon.ops import Batch, Decode, Filter, Shuffle
 
-
-@contextmanager
-def deadline(seconds: int):
-    """Fail (instead of hanging the suite) when the body runs longer than ``seconds``."""
-    def on_alarm(*_):
-        raise TimeoutError(f"still running after {seconds} s: the loader spins")
-
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
+from helpers import deadline
 
 
 def _parquet(path, n, field="text", bad=()):
@@ -50,7 +35,7 @@ def _loader(datasets, ops=None, **kw):
 
 def _pull(L, n=10_000):
     out = []
-    with deadline(60):
+    with deadline(60, "the loader spins"):
         for k, mb in enumerate(L):
             out.append(mb)
             if k + 1 >= n:

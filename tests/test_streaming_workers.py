@@ -18,10 +18,8 @@ import hashlib
 import json
 import multiprocessing
 import os
-import signal
 import time
 from collections import Counter
-from contextlib import contextmanager
 
 import pytest
 
@@ -32,6 +30,8 @@ from torch.utils.data import DataLoader  # noqa: E402
 import zephon  # noqa: E402
 from zephon import Batch, Loader, open_dataset  # noqa: E402
 from zephon_streaming import StreamingDataset  # noqa: E402
+
+from helpers import deadline  # noqa: E402
 
 GBS, CHUNK, LANES = 16, 4, 16          # 16 lanes (num_canonical_nodes defaults to the global batch), 1 row each
 pytestmark = pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(),
@@ -72,20 +72,6 @@ def work_log(tmp_path, monkeypatch):
             path.write_text("")
         return rows
     return read
-
-
-@contextmanager
-def deadline(seconds):
-    """Fail instead of hanging: a test whose workers deadlock raises here."""
-    def boom(*_):
-        raise TimeoutError(f"no progress within {seconds} s: the DataLoader workers are stuck")
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def make(data, **kw):
@@ -150,7 +136,7 @@ def test_plain_dataloader_gives_the_core_batches_computing_each_lane_once(data, 
     S = ds.steps_per_epoch
     want = core_batches(data, S)
     work_log()
-    with deadline(120):
+    with deadline(120, "the DataLoader workers are stuck"):
         got = [digest(b) for b in loader(ds, workers)]
     assert got == want
     check_work(work_log(), S, workers=workers if workers >= 2 else None)
@@ -163,7 +149,7 @@ def test_shuffled_epochs_match_the_single_process_run(data, work_log, workers):
     work_log()
     ds = make(data)
     dl = loader(ds, workers, prefetch_factor=3)
-    with deadline(180):
+    with deadline(180, "the DataLoader workers are stuck"):
         for epoch in range(2):
             assert [digest(b) for b in dl] == ref[epoch], f"epoch {epoch}"
             check_work(work_log(), ds.steps_per_epoch, workers=workers)
@@ -174,7 +160,7 @@ def test_composer_state_mid_epoch_with_two_workers_resumes_with_three_and_none(d
     ref = single_process(make(data))
     ds = make(data)
     it = iter(loader(ds, 2))
-    with deadline(120):
+    with deadline(120, "the DataLoader workers are stuck"):
         head = [digest(next(it)) for _ in range(7)]
     assert head == ref[0][:7]
     state = json.loads(json.dumps(ds.state_dict(7 * GBS, True)))  # Composer: sample_in_epoch, from the beginning
@@ -183,7 +169,7 @@ def test_composer_state_mid_epoch_with_two_workers_resumes_with_three_and_none(d
     for workers in (3, 0):
         ds2 = make(data)
         ds2.load_state_dict(state)
-        with deadline(120):
+        with deadline(120, "the DataLoader workers are stuck"):
             rest = [digest(b) for b in loader(ds2, workers)]
             assert rest == ref[0][7:], f"resumed with {workers} workers"
             check_work(work_log(), ds2.steps_per_epoch - 7, first_step=7, workers=workers or None)
@@ -197,7 +183,7 @@ def test_out_of_order_delivery_keeps_every_batch_whole(data, work_log):
     ref = single_process(make(data), epochs=1)[0]
     ds = make(data)
     work_log()
-    with deadline(120):
+    with deadline(120, "the DataLoader workers are stuck"):
         got = [digest(b) for b in loader(ds, 3, in_order=False, prefetch_factor=1)]
     assert sorted(got) == sorted(ref)
     check_work(work_log(), ds.steps_per_epoch, workers=3)
@@ -209,7 +195,7 @@ def test_early_stop_with_persistent_workers_then_next_epoch(data, work_log):
     work_log()
     ds = make(data)
     dl = loader(ds, 2, persistent_workers=True, prefetch_factor=2)
-    with deadline(120):
+    with deadline(120, "the DataLoader workers are stuck"):
         it = iter(dl)
         assert [digest(next(it)) for _ in range(3)] == ref[0][:3]
         # the training loop stops: the next iter() is epoch 1, on the same worker processes
@@ -227,7 +213,7 @@ def test_early_stop_then_new_workers_and_the_exchange_stays_bounded(data, work_l
     ds = make(data)
     xdir = os.path.join(ds._channel.root, "x")
     W, P = 3, 2
-    with deadline(120):
+    with deadline(120, "the DataLoader workers are stuck"):
         it = iter(loader(ds, W, prefetch_factor=P))
         assert [digest(next(it)) for _ in range(4)] == ref[0][:4]
         del it  # the training loop stops early: torch shuts the workers down
@@ -251,7 +237,7 @@ def test_a_paused_training_loop_never_times_the_workers_out(data, in_order):
     ref = single_process(make(data), epochs=1)[0]
     ds = make(data, exchange_timeout=0.5)
     it = iter(loader(ds, 3, in_order=in_order, prefetch_factor=1))
-    with deadline(120):
+    with deadline(120, "the DataLoader workers are stuck"):
         got = [digest(next(it)) for _ in range(2)]
         time.sleep(2.5)
         got += [digest(b) for b in it]
