@@ -522,17 +522,10 @@ def _xor_key(fn):
     return lambda *parts: fn(*parts) ^ 1
 
 
-def _bresenham_shifted(self, node, t, where, ds, ks):
-    """Mixture._assign with the line's phase moved by one (an off-by-one tie-break)."""
-    if isinstance(node, int):
-        ds[where] = node
-        ks[where] = t
-        return
-    left, right, wl, w = node
-    before = (t * wl + 1) // w
-    is_left = ((t + 1) * wl + 1) // w > before
-    self._assign(left, before[is_left], where[is_left], ds, ks)
-    self._assign(right, (t - before)[~is_left], where[~is_left], ds, ks)
+def _bresenham_shifted(self, node, i):
+    """Mixture's split (the left side's share of the first ``i`` positions) with the line's phase moved by one
+    (an off-by-one tie-break)."""
+    return (i * node["wl"] + 1) // node["w"]
 
 
 def _first_fit(self, n):
@@ -573,8 +566,9 @@ BIT_FLIPS = [
      lambda mp: mp.setattr(permute, "_M1", np.uint64(int(permute._M1) ^ 1))),
     ("permutation", "3 Feistel rounds instead of 4", lambda mp: mp.setattr(permute, "_ROUNDS", 3)),
     ("permutation", "derive_key xor 1", lambda mp: mp.setattr(permute, "derive_key", _xor_key(permute.derive_key))),
-    ("mixture", "Bresenham phase shifted by one", lambda mp: mp.setattr(mixture_mod.Mixture, "_assign",
-                                                                        _bresenham_shifted)),
+    ("mixture", "Bresenham phase shifted by one",
+     lambda mp: (mp.setattr(mixture_mod.Mixture, "_split", _bresenham_shifted),
+                 mp.setattr(mixture_mod.Mixture, "_split_many", _bresenham_shifted))),
     ("mixture", "weights rounded to 2**-21 instead of 2**-20", lambda mp: mp.setattr(mixture_mod, "_SCALE", 1 << 21)),
     ("work_source", "shuffle keys salted (derive_key xor 1)",
      lambda mp: mp.setattr(source_mod, "derive_key", _xor_key(source_mod.derive_key))),

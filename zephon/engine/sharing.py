@@ -53,9 +53,7 @@ def _settled(loader, mb: dict) -> dict:
     """``mb`` with its lane's state read once the lane holds its next row (or ended): a span whose rows
     were all taken is then sealed on every rank alike, whatever its prefetch, so the entry is the same."""
     lane = mb["__lane__"]
-    commit = getattr(loader, "_commit_handed", None)
-    if commit is not None:  # the step's micro-batches pulled so far count as delivered (this filter has them)
-        commit()
+    loader._commit_handed()  # the step's micro-batches pulled so far count as delivered (this filter has them)
     loader._ensure(lane, 1)
     if loader.emit_state:
         mb["__state__"] = loader._state[lane].state()

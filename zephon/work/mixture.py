@@ -42,32 +42,19 @@ def integer_weights(weights) -> list[int]:
     return ints
 
 
-class Mixture:
-    """Closed-form allocation of stream positions to datasets.
+class _TreeAllocation:
+    """The walk both allocations share: a balanced binary tree of datasets (leaves are dataset ids; a node is a
+    dict with ``left``, ``right`` and ``first_right``, the first dataset id on its right). A node's left child
+    owns ``split(node, i)`` of the node's first ``i`` positions, a non-decreasing function rising by 0 or 1 per
+    position; subclasses define it (``_split`` for one int, ``_split_many`` for an int array)."""
 
-    ``Mixture(weights)``; ``assign(t) -> (dataset_ids, draw_index)``: for int64 array ``t`` of stream
-    positions, the dataset of each and how many earlier positions went to the same dataset (its
-    ``k``-th draw). ``count(d, t)``: draws of dataset ``d`` among the first ``t`` positions (exact int).
-    """
+    def _split(self, node, i: int) -> int:
+        raise NotImplementedError
 
-    def __init__(self, weights):
-        self.weights = integer_weights(weights)
-        self.num_datasets = len(self.weights)
-        # Tree as nested (left, right, wl, w) tuples; leaves are dataset ids.
-        self._tree = self._build(list(range(self.num_datasets)))
+    def _split_many(self, node, i: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
 
-    def _build(self, ids):
-        if len(ids) == 1:
-            return ids[0]
-        mid = len(ids) // 2
-        wl = sum(self.weights[i] for i in ids[:mid])
-        w = wl + sum(self.weights[i] for i in ids[mid:])
-        return (self._build(ids[:mid]), self._build(ids[mid:]), wl, w)
-
-    def assign(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        t = np.asarray(t, dtype=np.int64)
-        if t.size and (int(t.max()) + 1) * sum(self.weights) >= 1 << 62:
-            t = t.astype(object)  # Python ints: exact beyond int64 (slow, only for huge positions)
+    def _walk(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ds = np.empty(t.shape, dtype=np.int64)
         ks = np.empty(t.shape, dtype=t.dtype)
         self._assign(self._tree, t, np.arange(t.size), ds, ks)
@@ -78,31 +65,56 @@ class Mixture:
             ds[where] = node
             ks[where] = t
             return
-        left, right, wl, w = node
-        before = (t * wl) // w
-        is_left = ((t + 1) * wl) // w > before
-        self._assign(left, before[is_left], where[is_left], ds, ks)
-        self._assign(right, (t - before)[~is_left], where[~is_left], ds, ks)
+        both = self._split_many(node, np.concatenate([t, t + 1]))  # one call: t and t + 1
+        before = both[:t.size]
+        is_left = both[t.size:] > before
+        self._assign(node["left"], before[is_left], where[is_left], ds, ks)
+        self._assign(node["right"], (t - before)[~is_left], where[~is_left], ds, ks)
 
     def count(self, d: int, t: int) -> int:
+        """Draws of dataset ``d`` among the first ``t`` positions (exact int)."""
         node, t = self._tree, int(t)
         while not isinstance(node, int):
-            left, right, wl, w = node
-            before = (t * wl) // w
-            if d < self._first_right(node):
-                node, t = left, before
-            else:
-                node, t = right, t - before
+            before = self._split(node, t)
+            node, t = (node["left"], before) if d < node["first_right"] else (node["right"], t - before)
         return t
 
-    def _first_right(self, node) -> int:
-        right = node[1]
-        while not isinstance(right, int):
-            right = right[0]
-        return right
+
+class Mixture(_TreeAllocation):
+    """Closed-form allocation of stream positions to datasets.
+
+    ``Mixture(weights)``; ``assign(t) -> (dataset_ids, draw_index)``: for int64 array ``t`` of stream
+    positions, the dataset of each and how many earlier positions went to the same dataset (its
+    ``k``-th draw). ``count(d, t)``: draws of dataset ``d`` among the first ``t`` positions (exact int).
+    """
+
+    def __init__(self, weights):
+        self.weights = integer_weights(weights)
+        self.num_datasets = len(self.weights)
+        self._tree = self._build(list(range(self.num_datasets)))
+
+    def _build(self, ids):
+        if len(ids) == 1:
+            return ids[0]
+        mid = len(ids) // 2
+        wl = sum(self.weights[i] for i in ids[:mid])
+        w = wl + sum(self.weights[i] for i in ids[mid:])
+        return {"left": self._build(ids[:mid]), "right": self._build(ids[mid:]), "first_right": ids[mid],
+                "wl": wl, "w": w}
+
+    def _split(self, node, i: int) -> int:  # a Bresenham line: the left side's share of the first i
+        return (i * node["wl"]) // node["w"]
+
+    _split_many = _split  # the same arithmetic on int64 (or object, past int64) arrays
+
+    def assign(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        t = np.asarray(t, dtype=np.int64)
+        if t.size and (int(t.max()) + 1) * sum(self.weights) >= 1 << 62:
+            t = t.astype(object)  # Python ints: exact beyond int64 (slow, only for huge positions)
+        return self._walk(t)
 
 
-class ScheduledMixture:
+class ScheduledMixture(_TreeAllocation):
     """Closed-form allocation under a ``schedule.Schedule``: shares that change with the step.
 
     ``ScheduledMixture(schedule, step_size)``; same interface as ``Mixture`` (``assign``, ``count``) over
@@ -240,30 +252,7 @@ class ScheduledMixture:
     # -- Mixture's interface --------------------------------------------------------------------------
     def assign(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For int64 array ``u`` of step-major positions: each one's dataset and draw index (as ``Mixture``)."""
-        u = np.asarray(u, dtype=np.int64)
-        ds = np.empty(u.shape, dtype=np.int64)
-        ks = np.empty(u.shape, dtype=np.int64)
-        self._assign(self._tree, u, np.arange(u.size), ds, ks)
-        return ds, ks
-
-    def _assign(self, node, i, where, ds, ks):
-        if isinstance(node, int):
-            ds[where] = node
-            ks[where] = i
-            return
-        both = self._split_many(node, np.concatenate([i, i + 1]))
-        before = both[:i.size]
-        is_left = both[i.size:] > before
-        self._assign(node["left"], before[is_left], where[is_left], ds, ks)
-        self._assign(node["right"], (i - before)[~is_left], where[~is_left], ds, ks)
-
-    def count(self, d: int, u: int) -> int:
-        """Draws of dataset ``d`` among the first ``u`` step-major positions (exact int)."""
-        node, i = self._tree, int(u)
-        while not isinstance(node, int):
-            before = self._split(node, i)
-            node, i = (node["left"], before) if d < node["first_right"] else (node["right"], i - before)
-        return i
+        return self._walk(np.asarray(u, dtype=np.int64))
 
     def reach(self, u: int) -> int | None:
         """The step R such that the allocation of positions ``[0, u)`` reads the schedule before step R only
