@@ -174,12 +174,10 @@ def summary(ds: Dataset, reports: list[ShardReport], deep: bool) -> dict:
     """``zephon inspect --json``: ``{"name", "format" (one format or "mixed"), "num_shards", "num_samples",
     "columns" (those every non-empty, opened shard has), "deep", "ok", "bad_shards": [paths],
     "shards": [ShardReport.as_dict(), ...]}``."""
-    formats = sorted({s.format for s in ds.shards})
-    non_empty = [r.columns for r in reports if r.columns]
-    columns = [c for c in non_empty[0] if all(c in other for other in non_empty)] if non_empty else []
-    return {"name": ds.name, "format": formats[0] if len(formats) == 1 else "mixed", "num_shards": len(ds.shards),
-            "num_samples": ds.num_samples, "columns": columns, "deep": deep,
-            "ok": all(r.ok for r in reports), "bad_shards": [r.path for r in reports if not r.ok],
+    from .registry import describe
+
+    return {**describe(ds, [r.columns for r in reports]), "deep": deep, "ok": all(r.ok for r in reports),
+            "bad_shards": [r.path for r in reports if not r.ok],
             "shards": [r.as_dict() for r in reports]}
 
 

@@ -124,19 +124,19 @@ def inspect_source(source, **kw) -> dict:
     common to every non-empty shard. Raises like ``open_dataset``.
     """
     ds = open_dataset(source, **kw)
-    formats = sorted({s.format for s in ds.shards})
     per_shard = [(list(ds.columns) if ds.columns is not None else ds._reader(i).first_keys()) if s.num_samples else []
                  for i, s in enumerate(ds.shards)]
-    # columns present in every non-empty shard; each shard's own list is reported too, so a reader
-    # sees at once when files disagree
-    non_empty = [c for c in per_shard if c]
+    return {**describe(ds, per_shard),
+            "shards": [{"path": s.path, "format": s.format, "num_samples": s.num_samples, "size_bytes": s.size_bytes,
+                        "columns": cols} for s, cols in zip(ds.shards, per_shard)]}
+
+
+def describe(ds, per_shard_columns) -> dict:
+    """``{"name", "format" (one format or "mixed"), "num_shards", "num_samples", "columns"}`` of dataset ``ds``;
+    ``per_shard_columns``: each shard's column names ([] for an empty or unopened shard). Top-level columns are
+    those every non-empty shard has (each shard's own list is reported beside, so disagreeing files show)."""
+    formats = sorted({s.format for s in ds.shards})
+    non_empty = [c for c in per_shard_columns if c]
     columns = [c for c in non_empty[0] if all(c in other for other in non_empty)] if non_empty else []
-    return {
-        "name": ds.name,
-        "format": formats[0] if len(formats) == 1 else "mixed",
-        "num_shards": len(ds.shards),
-        "num_samples": ds.num_samples,
-        "columns": columns,
-        "shards": [{"path": s.path, "format": s.format, "num_samples": s.num_samples, "size_bytes": s.size_bytes,
-                    "columns": cols} for s, cols in zip(ds.shards, per_shard)],
-    }
+    return {"name": ds.name, "format": formats[0] if len(formats) == 1 else "mixed", "num_shards": len(ds.shards),
+            "num_samples": ds.num_samples, "columns": columns}
