@@ -13,6 +13,7 @@ from ..formats import DataError
 from ..ops.base import RecordError
 
 MAX_REPORTED = 20  # skipped-sample messages kept per unit for the report
+FIRST_SKIPS = 3  # per dataset, the skip messages a SkipLedger error quotes
 
 
 @dataclass
@@ -20,7 +21,8 @@ class UnitResult:
     """What a worker returns for one unit: records in pointer order, counts, and the ``DataError`` of
     bad input (returned, not raised, so the pump raises it in sequence order). ``seen``, ``skipped_by``,
     ``kept_by``: per dataset id, the unit's pointers, samples skipped (``on_error="skip"``) and records out
-    of the worker stage (plain dicts, for ``SkipLedger``)."""
+    of the worker stage; ``first_skips``: per dataset id, its first skip messages (plain data, for
+    ``SkipLedger``)."""
     records: list = field(default_factory=list)
     skipped: int = 0
     skipped_messages: list = field(default_factory=list)
@@ -29,6 +31,17 @@ class UnitResult:
     seen: dict = field(default_factory=dict)
     skipped_by: dict = field(default_factory=dict)
     kept_by: dict = field(default_factory=dict)
+    first_skips: dict = field(default_factory=dict)
+
+    def skip(self, d: int, message: str) -> None:
+        """Count one skipped sample of dataset ``d`` (``on_error="skip"``), keeping the first messages."""
+        self.skipped += 1
+        self.skipped_by[d] = self.skipped_by.get(d, 0) + 1
+        if len(self.skipped_messages) < MAX_REPORTED:
+            self.skipped_messages.append(message)
+        mine = self.first_skips.setdefault(d, [])
+        if len(mine) < FIRST_SKIPS:
+            mine.append(message)
 
 
 def error_for(datasets, src, message: str) -> DataError:
@@ -81,11 +94,7 @@ class WorkStage:
             except RecordError as e:
                 if e.src is None or self.datasets[e.src[0]].on_error != "skip":
                     raise
-                err = error_for(self.datasets, e.src, str(e))
-                res.skipped += 1
-                res.skipped_by[e.src[0]] = res.skipped_by.get(e.src[0], 0) + 1
-                if len(res.skipped_messages) < MAX_REPORTED:
-                    res.skipped_messages.append(str(err))
+                res.skip(e.src[0], str(error_for(self.datasets, e.src, str(e))))
                 kept = [r for r in records if r.get("__src__") != e.src]
                 if len(kept) == len(records):
                     raise
@@ -106,11 +115,7 @@ class WorkStage:
         good = []
         for rec in records:
             if "__error__" in rec:
-                res.skipped += 1
-                d = rec["__src__"][0]
-                res.skipped_by[d] = res.skipped_by.get(d, 0) + 1
-                if len(res.skipped_messages) < MAX_REPORTED:
-                    res.skipped_messages.append(rec["__error__"])
+                res.skip(rec["__src__"][0], rec["__error__"])
             else:
                 good.append(rec)
         return good
@@ -154,13 +159,8 @@ class SkipLedger:
             self.skipped[d] += k
         for d, k in res.kept_by.items():
             self.kept[d] += k
-        for msg in res.skipped_messages:
-            for d, ds in enumerate(self.datasets):  # messages name the dataset: file them under it
-                shards = getattr(ds, "shards", ())[:64]
-                if f"dataset {getattr(ds, 'name', None)!r}" in msg or any(sh.path in msg for sh in shards):
-                    if len(self.messages[d]) < 3:
-                        self.messages[d].append(msg)
-                    break
+        for d, msgs in res.first_skips.items():
+            self.messages[d] += msgs[:FIRST_SKIPS - len(self.messages[d])]
         for d, k in res.seen.items():
             self.seen[d] += k
             self._check(d)
