@@ -14,9 +14,8 @@ from types import GeneratorType
 from megatron.energon import SkipSample, WorkerConfig
 
 from zephon.ops import RecordError
-
-#: Marks a record whose sample was skipped (``SkipSample`` or a handled error); a Filter drops and counts it.
-SKIP = "__energon_skip__"
+from zephon.formats.records import ENERGON_SKIP as SKIP
+from zephon.formats.records import SRC, first_piece
 
 
 def qualname(obj) -> str:
@@ -65,10 +64,8 @@ def energon_context(seed_offset: int, index: int):
 
 def element_index(record) -> int:
     """The global stream position of a record (a pack's: its first member's), the hooks' sample index."""
-    src = record["__src__"]
-    if isinstance(src, list):
-        return int(src[0][0]) if src else 0
-    return int(src[3])
+    src = record[SRC]
+    return first_piece(record).position if src or not isinstance(src, list) else 0
 
 
 def call_hook(hook, arg, record, error_handler, what: str):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from zephon.ops import Accumulator, Operator, RecordError
 
 from ._hooks import call_hook, element_index, energon_context, expand_result, fn_name, overridden
+from zephon.formats.records import PIECE, SRC, PieceRef, first_piece
 
 
 class TaskPack(Operator):
@@ -102,6 +103,5 @@ class TaskPackAccumulator(Accumulator):
             packed = call_hook(op.te.pack_selected_samples, samples, members[0], op.error_handler,
                            "pack_selected_samples")
             packed = expand_result(packed, members[0], op.error_handler, "pack_selected_samples")
-        src = [(int(m["__src__"][3]) if not isinstance(m["__src__"], list) else m["__src__"][0][0],
-                m.get("__piece__", 0)) for m in members]
-        return [{"sample": p, "__src__": list(src), **({"__piece__": k} if k else {})} for k, p in enumerate(packed)]
+        src = [PieceRef(first_piece(m).position, m.get(PIECE, 0)) for m in members]
+        return [{"sample": p, SRC: list(src), **({PIECE: k} if k else {})} for k, p in enumerate(packed)]

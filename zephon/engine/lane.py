@@ -19,6 +19,7 @@ from ..formats import DataError
 from .stage import error_for
 
 import numpy as np
+from ..formats.records import piece_ref
 
 SENTINEL = "sentinel"
 END = "end"
@@ -27,7 +28,7 @@ END = "end"
 def record_ref(record: dict):
     """A carried record's name in a checkpoint: its stream position, or ``[position, piece]`` for a piece
     of a split document after the first."""
-    position, piece = int(record["__src__"][3]), int(record.get("__piece__", 0))
+    position, piece = piece_ref(record)
     return position if piece == 0 else [position, piece]
 
 
@@ -262,7 +263,7 @@ class LanePipeline:
             for op, acc in self.chain[:i]:
                 if acc is None:
                     records = op.process_many(records)
-            by_ref = {(int(r["__src__"][3]), int(r.get("__piece__", 0))): r for r in records}
+            by_ref = {piece_ref(r): r for r in records}
             missing = [r for b in bins for r in b if _ref_key(r) not in by_ref]
             if missing:
                 raise RuntimeError(f"lane {self.lane}: the checkpoint carries records {missing[:5]} that their "

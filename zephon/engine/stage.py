@@ -11,6 +11,7 @@ import numpy as np
 
 from ..formats import DataError
 from ..ops.base import RecordError
+from ..formats.records import ERROR, SRC, Src, src_of
 
 MAX_REPORTED = 20  # skipped-sample messages kept per unit for the report
 FIRST_SKIPS = 3  # per dataset, the skip messages a SkipLedger error quotes
@@ -45,12 +46,12 @@ class UnitResult:
 
 
 def error_for(datasets, src, message: str) -> DataError:
-    """A ``DataError`` naming file, shard and sample for an element identity ``(d, s, i, position)``."""
+    """A ``DataError`` naming file, shard and sample for a source sample's identity ``src`` (a ``Src``)."""
     if src is None:
         return DataError(message)
-    d, s, i = src[0], src[1], src[2]
-    ds = datasets[d]
-    return DataError(f"dataset {ds.name!r}: {message}", path=ds.shards[s].path, shard=s, sample=i)
+    ds = datasets[src.dataset]
+    return DataError(f"dataset {ds.name!r}: {message}", path=ds.shards[src.shard].path, shard=src.shard,
+                     sample=src.sample)
 
 
 class WorkStage:
@@ -77,7 +78,7 @@ class WorkStage:
                     res.filtered += before - len(records)
             res.records = records
             for r in records:
-                d = r["__src__"][0]
+                d = src_of(r).dataset
                 res.kept_by[d] = res.kept_by.get(d, 0) + 1
         except RecordError as e:
             res.error = error_for(self.datasets, e.src, str(e))
@@ -92,10 +93,10 @@ class WorkStage:
             try:
                 return op.process_many(records)
             except RecordError as e:
-                if e.src is None or self.datasets[e.src[0]].on_error != "skip":
+                if e.src is None or self.datasets[e.src.dataset].on_error != "skip":
                     raise
-                res.skip(e.src[0], str(error_for(self.datasets, e.src, str(e))))
-                kept = [r for r in records if r.get("__src__") != e.src]
+                res.skip(e.src.dataset, str(error_for(self.datasets, e.src, str(e))))
+                kept = [r for r in records if r.get(SRC) != e.src]
                 if len(kept) == len(records):
                     raise
                 records = kept
@@ -110,12 +111,12 @@ class WorkStage:
             idx = ptrs.sample_idx[where].tolist()
             res.seen[d] = res.seen.get(d, 0) + len(idx)
             for w, i, rec in zip(where.tolist(), idx, self.datasets[d].read(s, idx)):
-                rec["__src__"] = (d, s, i, int(ptrs.positions[w]))
+                rec[SRC] = Src(d, s, i, int(ptrs.positions[w]))
                 records[w] = rec
         good = []
         for rec in records:
-            if "__error__" in rec:
-                res.skip(rec["__src__"][0], rec["__error__"])
+            if ERROR in rec:
+                res.skip(rec[SRC].dataset, rec[ERROR])
             else:
                 good.append(rec)
         return good

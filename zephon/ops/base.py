@@ -5,12 +5,13 @@ they may run on any worker, in any order, in batches of any size, and must give 
 record regardless. Stateful operators implement ``new_accumulator(lane) -> Accumulator``: the per-lane,
 in-order state (packing bins, shuffle buffer, mixture deficits) that runs on the pump only.
 
-Records are dicts. Keys starting with ``__`` are metadata the engine sets and reads:
-``__src__`` is the element identity ``(dataset_id, shard_id, sample_idx, position)`` of a source
-sample, or a list of ``(position, piece)`` for a row built from several; ``__piece__`` numbers the
-pieces a long document was split into.
+Records are dicts. Keys starting and ending with ``__`` are metadata the engine sets and reads, declared
+once in ``zephon.formats.records``: ``__src__`` is a source sample's identity (``Src``: dataset, shard,
+sample, position), or a list of ``PieceRef`` (position, piece) for a row built from several.
 """
 from __future__ import annotations
+
+from ..formats.records import SRC, Src
 
 
 class RecordError(ValueError):
@@ -19,7 +20,9 @@ class RecordError(ValueError):
 
     def __init__(self, message: str, record: dict | None = None):
         super().__init__(message)
-        self.src = record.get("__src__") if isinstance(record, dict) else None
+        src = record.get(SRC) if isinstance(record, dict) else None
+        # a single sample's identity (a user Map may have rebuilt it as a plain tuple); a combined row has none
+        self.src = Src(*src) if isinstance(src, tuple) and len(src) == 4 else None
 
 
 class Operator:

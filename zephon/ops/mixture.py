@@ -13,6 +13,7 @@ import numpy as np
 
 from ..formats import DataError
 from .base import Accumulator, Operator, RecordError
+from ..formats.records import SRC, Src, src_of
 
 
 def token_corrected_weights(datasets, weights, token_counter, *, seed: int = 0, sample_size: int = 256) -> list[float]:
@@ -37,7 +38,7 @@ def token_corrected_weights(datasets, weights, token_counter, *, seed: int = 0, 
             for i, r in zip(idx[sel].tolist(), ds.read(int(s), idx[sel].tolist())):
                 if "__error__" in r:
                     continue  # a bad sample in skip mode: it will be skipped in training too
-                r["__src__"] = (d, int(s), i, -1)
+                r[SRC] = Src(d, int(s), i, -1)
                 try:
                     counts.extend(token_counter([r]))
                 except RecordError as e:
@@ -95,7 +96,7 @@ class MixtureAccumulator(Accumulator):
         return r
 
     def push(self, record: dict) -> list[dict]:
-        self.queues[record["__src__"][0]].append(record)
+        self.queues[src_of(record).dataset].append(record)
         self.held += 1
         out = []
         while self.held:

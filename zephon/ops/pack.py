@@ -20,6 +20,7 @@ from bisect import bisect_left, insort
 import numpy as np
 
 from .base import Accumulator, Operator, RecordError
+from ..formats.records import SRC, piece_ref
 
 PACK_METHODS = ("best_fit", "first_fit")
 
@@ -178,4 +179,4 @@ class PackAccumulator(Accumulator):
         mask[:used] = 1
         return {"input_ids": ids, "labels": labels, "position_ids": pos, "attention_mask": mask,
                 "cu_seqlens": cu, "num_tokens": used,
-                "__src__": [(d["__src__"][3], d.get("__piece__", 0)) for d in docs]}
+                SRC: [piece_ref(d) for d in docs]}

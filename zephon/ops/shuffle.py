@@ -10,17 +10,14 @@ import numpy as np
 
 from ..work.permute import derive_key, mix64
 from .base import Accumulator, Operator
+from ..formats.records import first_piece
 
 
 def identity(record: dict) -> int:
     """A record's element identity as an int: the global stream position of its (first) source sample
     and the piece number. Rows built from several documents use their first document."""
-    src = record["__src__"]
-    if isinstance(src, list):
-        position, piece = src[0] if src else (-1, 0)
-    else:
-        position, piece = src[3], record.get("__piece__", 0)
-    return (int(position) << 16) + int(piece)
+    position, piece = first_piece(record)
+    return (position << 16) + piece
 
 
 class Shuffle(Operator):
