@@ -287,21 +287,21 @@ def test_unknown_runner_is_refused_at_construction_naming_the_valid_ones(corpus)
 
 
 def test_uneven_tail_warning_is_logged_once_per_process_in_the_hosts_words(tmp_path, caplog):
-    from zephon import Batch, Decode, Loader
+    from zephon import Batch, Decode
     from zephon.host import RankSession
 
     (tmp_path / "d.jsonl").write_text("".join(f'{{"text": "t{i}"}}\n' for i in range(16)))
 
-    def make(lanes, runner, workers):
-        return Loader([open_dataset(str(tmp_path))], [Decode(), Batch(1, drop_last=False)], canonical_replicas=2,
-                      chunk_size=4, exhaustion="stop", seed=7, runner=runner, num_workers=workers, lanes=lanes,
-                      emit_state=True, pad_tail=False)
+    def make(**kw):
+        return RankSession.from_config([open_dataset(str(tmp_path))], [Decode(), Batch(1, drop_last=False)],
+                                       canonical_replicas=2, chunk_size=4, exhaustion="stop", seed=7, pad_tail=False,
+                                       **kw)
 
     energon_words = {"host": "zephon_energon", "drop_last": "batch_drop_last={}", "finite": "repeat=False",
                      "dropped": "loader.dropped_rows"}
     with caplog.at_level("WARNING", logger="zephon"):
         for _ in range(3):  # three loaders (sessions) of one config, each hitting the uneven tail twice
-            s = RankSession(make, warn_context=energon_words)
+            s = make(warn_context=energon_words)
             s._count_uneven_tail(3)
             s._count_uneven_tail(2)
             assert s.dropped_rows == 5  # counted every time, logged once
@@ -312,7 +312,7 @@ def test_uneven_tail_warning_is_logged_once_per_process_in_the_hosts_words(tmp_p
     assert "Batch(drop_last" not in msgs[0] and "loader.dropped_rows" in msgs[0]
     caplog.clear()
     with caplog.at_level("WARNING", logger="zephon"):
-        s = RankSession(make)  # the core's own words where no adapter built the session
+        s = make()  # the core's own words where no adapter built the session
         s._count_uneven_tail(1)
     (msg,) = [r.getMessage() for r in caplog.records]
     assert "exhaustion='stop'" in msg and "Batch(drop_last=False)" in msg and "Batch(drop_last=True)" in msg

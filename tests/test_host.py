@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from zephon import Batch, CheckpointError, Decode, Loader, open_dataset
+from zephon import Batch, CheckpointError, Decode, open_dataset
 from zephon.host import RankSession, StepAgreement, worker_lanes
 
 N_DOCS = 203
@@ -28,11 +28,8 @@ def text_dir(tmp_path_factory):
 def _session(text_dir, dp=1, rank=0, drop_last=False, exhaustion="stop"):
     ds = [open_dataset(text_dir)]
 
-    def make(lanes, runner, workers):
-        return Loader(ds, [Decode("text"), Batch(2, drop_last=drop_last)], canonical_replicas=4, chunk_size=8,
-                      exhaustion=exhaustion, dp_degree=dp, dp_rank=rank, lanes=lanes, runner=runner,
-                      num_workers=workers, emit_state=True, seed=3)
-    return RankSession(make)
+    return RankSession.from_config(ds, [Decode("text"), Batch(2, drop_last=drop_last)], canonical_replicas=4,
+                                   chunk_size=8, exhaustion=exhaustion, dp_degree=dp, dp_rank=rank, seed=3)
 
 
 def _round_robin(iterators):

@@ -250,11 +250,10 @@ def test_rank_session_counts_an_item_only_once_the_training_loop_has_it(data_dir
     the rank's checkpoint taken in the handler, resumes without skipping or repeating a row."""
     from zephon.host import RankSession
 
-    def make(lanes, runner, workers):
+    def make():
         ops = [Decode("text"), Map(_add_len), Shuffle(4, seed=3), Batch(2, drop_last=False)]
-        return Loader([open_dataset(str(data_dir))], ops, seed=1, canonical_replicas=3, chunk_size=8,
-                      flush_every_k_chunks=1, exhaustion="stop", unit_size=4, runner=runner, num_workers=workers,
-                      lanes=lanes, emit_state=True)
+        return RankSession.from_config([open_dataset(str(data_dir))], ops, seed=1, canonical_replicas=3,
+                                       chunk_size=8, flush_every_k_chunks=1, exhaustion="stop", unit_size=4)
 
     calls = [0]
 
@@ -270,12 +269,12 @@ def test_rank_session_counts_an_item_only_once_the_training_loop_has_it(data_dir
         return getattr(session, api)(_interleaved(session), build=build)
 
     expected = _reference(data_dir)
-    s, got = RankSession(make), []
+    s, got = make(), []
     with pytest.raises(Boom):
         for ids in run(s):
             got += ids
     state = json.loads(json.dumps(s.rank_state()))
-    s2 = RankSession(make)
+    s2 = make()
     s2.load(state)
     after = [i for ids in run(s2) for i in ids]
     assert got + after == expected

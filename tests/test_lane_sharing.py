@@ -266,8 +266,8 @@ def _host_steps(ids_dir, dp, *, workers=0, steps=None, state=None, drop_last=Tru
         dl = DataLoader(ds, num_workers=workers, **({"multiprocessing_context": "fork"} if workers else {}))
         if state is not None:
             dl.load_state_dict(state)
-        per = 2 // ds.loader.lane_shares  # 4 rows per lane step in micro-batches of 2, split over the sharing ranks
-        last_micro = (ds.loader.share_index + 1) * per - 1
+        per = 2 // ds.plan.lane_shares  # 4 rows per lane step in micro-batches of 2, split over the sharing ranks
+        last_micro = (ds.plan.share_index + 1) * per - 1
         for b in dl:
             pad = b.get("__pad__")
             for i, lane in enumerate(b["__lane__"].tolist()):

@@ -231,12 +231,8 @@ def test_packed_padding_needs_no_delivered_row(tmp_path, tokenizer_path):
     ops = [Decode(keep=("keep",)), Filter(_keep), Tokenize(tokenizer_path, eos_id="<eos>", max_length=64),
            Pack(64), Batch(1, drop_last=False)]
 
-    def make(lanes, runner, workers):
-        return Loader([open_dataset(str(tmp_path))], ops, canonical_replicas=2, chunk_size=8, shuffle=False,
-                      exhaustion="stop", dp_degree=2, dp_rank=1, runner=runner, num_workers=workers, lanes=lanes,
-                      emit_state=True)
-
-    s = RankSession(make)
+    s = RankSession.from_config([open_dataset(str(tmp_path))], ops, canonical_replicas=2, chunk_size=8,
+                                shuffle=False, exhaustion="stop", dp_degree=2, dp_rank=1)
     s._agreement = OtherRankGoesOn(2)
     groups = list(s.ordered_groups(s.worker_items(0, 0)))
     assert len(groups) == 2  # two steps of one micro-batch (rows_per_lane_step 1), both padding

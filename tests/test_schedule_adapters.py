@@ -95,8 +95,8 @@ def test_energon_schedule_step_size_keyword_sets_samples_per_step(energon_mix):
     wc = ze.WorkerConfig(rank=0, world_size=1, num_workers=0)
     kw = dict(worker_config=wc, batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=None,
               canonical_replicas=8)
-    assert ze.get_train_dataset(path, **kw).loader.source.step_size == 16  # default: one batch per lane
-    assert ze.get_train_dataset(path, schedule_step_size=64, **kw).loader.source.step_size == 64
+    assert ze.get_train_dataset(path, **kw).plan.source.step_size == 16  # default: one batch per lane
+    assert ze.get_train_dataset(path, schedule_step_size=64, **kw).plan.source.step_size == 64
     with pytest.raises(ValueError, match="multiple of canonical_replicas=8"):
         ze.get_train_dataset(path, schedule_step_size=12, **kw)
 

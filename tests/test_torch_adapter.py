@@ -113,7 +113,7 @@ def test_other_config_and_missing_lanes_are_refused(dirs, tokenizer_path):
     from zephon.ops import Batch, Decode, Pack, Tokenize
 
     ds = zephon_torch.ZephonIterableDataset(
-        make_dataset(dirs, tokenizer_path, dp=2, rank=0).loader.datasets,
+        make_dataset(dirs, tokenizer_path, dp=2, rank=0).plan.datasets,
         [Decode("text"), Tokenize(tokenizer_path, eos_id="<eos>", max_length=128), Pack(128), Batch(1)],
         dp_degree=2, dp_rank=0, seed=1, canonical_replicas=R, chunk_size=32, global_batch_size=2 * R,
         flush_every_k_chunks=2)

@@ -108,13 +108,13 @@ def _build(path, *, split_part, worker_config, batch_size, batch_drop_last, pack
 def _check_lanes(ds, path, total, batch_size, explicit_replicas) -> None:
     """A dataset (pass) too small for its lanes must not go unnoticed: empty lanes put one sample twice in a
     batch (``repeat``) or leave ranks without data (one pass: their collectives would wait forever)."""
-    L, wc = ds.loader, ds.worker_config
+    L, wc = ds.plan, ds.worker_config
     R, src, W = L.canonical_replicas, L.source, wc.world_size
     finite = src.total_positions is not None
     n = src.total_positions if finite else total
     per_lane = [src.lane_positions(lane) for lane in range(R)] if finite else None
     idle = [r for r in range(W) if not any(per_lane[lane] for lane in lanes_for_rank(
-        R, W, r, ds._kwargs["lane_assignment"]))] if finite else []
+        R, W, r, L.lane_assignment))] if finite else []
     if not ds.training:
         if n < R and not explicit_replicas:
             warnings.warn(f"{path}: {n} validation samples for {R} rank-workers (world_size x num_workers slices, as "

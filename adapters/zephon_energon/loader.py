@@ -146,7 +146,7 @@ class SavableDataLoader(_ZephonLoaderBase):
         if n is not None and self._epoch_offset >= n:  # e.g. a state saved with a longer epoch
             self._epoch_offset = 0
         for payload in self._take(None if n is None else n - self._epoch_offset,
-                                  restart_finished=self.dataset.loader.source.exhaustion == "stop"):
+                                  restart_finished=self.dataset.plan.source.exhaustion == "stop"):
             if n is not None:
                 self._epoch_offset = (self._epoch_offset + 1) % n
                 if val and self._epoch_offset == 0:
@@ -168,7 +168,7 @@ class SavableDataLoader(_ZephonLoaderBase):
 
     def restore_state_rank(self, state) -> None:
         check_state(state)
-        offset = epoch_offset(state, self.dataset.loader.rank_lanes)
+        offset = epoch_offset(state, self.dataset.plan.rank_lanes)
         self._stop()
         # None: the initial state (as Energon); a list of rank states is merged. Validated now: CheckpointError
         # names what differs or which lanes are missing.
@@ -205,7 +205,7 @@ class SavableDataLoader(_ZephonLoaderBase):
         return False
 
     def config(self) -> dict:
-        L = self.dataset.loader
+        L = self.dataset.plan
         return {"type": type(self).__qualname__, "num_workers": self.num_workers, "fingerprint": L.fingerprint,
                 "config": L.summary}
 

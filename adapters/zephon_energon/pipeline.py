@@ -21,7 +21,6 @@ import gc
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from zephon import Loader
 from zephon.host import RankSession
 
 from ._hooks import call_hook, energon_context, expand_result, overridden
@@ -31,8 +30,8 @@ from .keywords import error_handler
 class EnergonDataset(IterableDataset):
     """One rank's pipeline (see the module docstring). Built by ``get_train_dataset`` /
     ``get_val_dataset``; attributes: ``worker_config``, ``session`` (the rank's ``zephon.host.RankSession``,
-    shared with the loader), ``loader`` (its template ``zephon.Loader``: config, fingerprint, lanes, starting
-    state; never iterated itself), ``batch_size``, ``virtual_epoch_length``, ``limit``, ``training``."""
+    shared with the loader), ``plan`` (the rank's ``zephon.LoaderPlan``: config, fingerprint, lanes),
+    ``batch_size``, ``virtual_epoch_length``, ``limit``, ``training``."""
 
     def __init__(self, *, datasets, weights, ops, loader_kwargs, worker_config, task_encoder, batch_size,
                  training: bool, virtual_epoch_length: int = 0, limit=None, seed_offset: int = 0,
@@ -47,20 +46,15 @@ class EnergonDataset(IterableDataset):
         self.seed_offset = seed_offset
         self.gc_every = gc_every
         self.sources = list(sources)
-        self._args = (list(datasets), list(ops))
-        self._kwargs = dict(loader_kwargs, weights=weights)
         # Energon's data-parallel group is the set of ranks that must agree where a finite pass ends.
-        self.session = RankSession(self._make_loader,
-                                   agreement_group=getattr(worker_config, "data_parallel_group", None),
-                                   warn_context={"host": "zephon_energon", "drop_last": "batch_drop_last={}",
-                                                 "finite": "repeat=False", "dropped": "loader.dropped_rows"})
-        self.loader = self.session.loader
+        self.session = RankSession.from_config(
+            list(datasets), list(ops), weights=weights, **loader_kwargs,
+            agreement_group=getattr(worker_config, "data_parallel_group", None),
+            warn_context={"host": "zephon_energon", "drop_last": "batch_drop_last={}", "finite": "repeat=False",
+                          "dropped": "loader.dropped_rows"})
+        self.plan = self.session.plan  # the rank's derived config: lanes, fingerprint, step sizes
         self._batch_hooks = overridden(task_encoder, "batch"), overridden(task_encoder, "encode_batch")
         self._since_gc = 0
-
-    def _make_loader(self, lanes, runner, workers) -> Loader:
-        # The DataLoader workers are the parallelism: each runs its lanes inline.
-        return Loader(*self._args, emit_state=True, runner="inline", num_workers=1, lanes=lanes, **self._kwargs)
 
     def __len__(self) -> int:
         if self.virtual_epoch_length:

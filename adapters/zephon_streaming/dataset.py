@@ -6,7 +6,6 @@ state calls, ``iteration.py`` the samples. See docs/streaming.md.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import shutil
@@ -14,7 +13,7 @@ import weakref
 
 from torch.utils.data import IterableDataset
 
-from zephon import Loader
+from zephon import LoaderPlan
 from zephon.host import Channel, RankSession, private_dir
 from zephon.ops import Batch, Decode, Pack, Tokenize
 from zephon.work import Schedule, TopologyError, lanes_for_rank
@@ -164,12 +163,12 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
                              f"(num_canonical_nodes={R} / {self.dp_degree} ranks): every lane gives the same rows "
                              f"per step")
         self.num_canonical_nodes = R
-        self.rows_per_lane = gbs // R
+        self.rows_per_lane_step = gbs // R
         self.rank_lanes = lanes_for_rank(R, self.dp_degree, self.dp_rank)
-        self._loaders = {}
+        self._plans = {}
         self.steps_per_epoch = self._steps()
         self.length = self.steps_per_epoch * self.batch_size
-        ref = self._loader(0)
+        ref = self._plan(0)
         self.fingerprint, self.config_summary = ref.fingerprint, ref.summary
 
     def _open(self, stream: Stream):
@@ -192,27 +191,25 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
         h = hashlib.sha256(f"zephon-streaming:{self.shuffle_seed}:{epoch}".encode()).digest()
         return int.from_bytes(h[:7], "little")
 
-    def _loader(self, epoch: int, lanes=None, runner=None, workers=None, emit_state=False) -> Loader:
-        """The core loader of ``epoch`` for this rank (or a subset of its lanes; ``RankSession``'s
-        ``make_loader(lanes, runner, workers)`` signature); the plain whole-rank one is cached (config)."""
-        if lanes is None and not emit_state and epoch in self._loaders:
-            return self._loaders[epoch]
+    def _plan(self, epoch: int) -> LoaderPlan:
+        """The core loader plan of ``epoch`` for this rank (the last one built is cached)."""
+        if epoch in self._plans:
+            return self._plans[epoch]
         weights = self.weights.shifted(epoch * self._steps()) if isinstance(self.weights, Schedule) else self.weights
-        L = Loader(self._datasets, self._ops() + [Batch(self.rows_per_lane, drop_last=True)], weights=weights,
-                   seed=self._epoch_seed(epoch), canonical_replicas=self.num_canonical_nodes,
-                   chunk_size=self.chunk_size, global_batch_size=self.global_batch_size, shuffle=self.shuffle,
-                   shuffle_block_size=self.shuffle_block_size, exhaustion=self.exhaustion,
-                   dp_degree=self.dp_degree, dp_rank=self.dp_rank, runner=runner or self.runner,
-                   num_workers=workers or self.num_threads, lanes=lanes, emit_state=emit_state)
-        if lanes is None and not emit_state:
-            self._loaders = {epoch: L}
-        return L
+        plan = LoaderPlan.build(self._datasets, self._ops() + [Batch(self.rows_per_lane_step, drop_last=True)],
+                                weights=weights, seed=self._epoch_seed(epoch),
+                                canonical_replicas=self.num_canonical_nodes, chunk_size=self.chunk_size,
+                                global_batch_size=self.global_batch_size, shuffle=self.shuffle,
+                                shuffle_block_size=self.shuffle_block_size, exhaustion=self.exhaustion,
+                                dp_degree=self.dp_degree, dp_rank=self.dp_rank)
+        self._plans = {epoch: plan}
+        return plan
 
     def _session(self, epoch: int, start=None) -> RankSession:
         """The rank's host session of ``epoch`` from ``start`` (a rank or merged checkpoint; None: the epoch's
         beginning). The step count is Mosaic's epoch, the same on every rank, so no end-of-stream vote is taken.
         Raises ``CheckpointError`` for a ``start`` that does not restore."""
-        session = RankSession(functools.partial(self._loader, epoch, emit_state=True), agree_end=False)
+        session = RankSession(self._plan(epoch), agree_end=False)
         if start is not None:
             session.load(start)
         return session
@@ -224,7 +221,7 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
             S = self.epoch_size // gbs
             what = f"epoch_size={self.epoch_size}"
         else:  # one pass, filled to whole global batches: every lane holds exactly S steps of samples
-            src = self._loader(0).source
+            src = self._plan(0).source
             S = src.total_positions // gbs
             what = f"one pass over {src.pass_positions} samples"
         if S < 1:
@@ -255,11 +252,11 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
         fixes the epoch). Counted in ``len()``."""
         if self.exhaustion == "repeat":
             return 0
-        return self._loader(0).source.fill_positions
+        return self._plan(0).source.fill_positions
 
-    def __getstate__(self):  # spawned workers: no cached core loaders or aggregators
+    def __getstate__(self):  # spawned workers: no cached plans or aggregators
         state = dict(self.__dict__)
-        state["_loaders"] = {}
+        state["_plans"] = {}
         state.pop("_aggregator", None)
         return state
 

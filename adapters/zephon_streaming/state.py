@@ -77,8 +77,7 @@ class MosaicState:
         if c == k0:
             return self._state(e, c * gbs, claim["start"])
         entries = self._channel.entries(e, c - 1, self.state_timeout)
-        L = self._loader(e)
-        rank_state = ckpt.make_state(L.fingerprint, L.summary, L.canonical_replicas, L.rows_per_lane_step, entries)
+        rank_state = self._plan(e).make_state(entries)
         return self._state(e, c * gbs, self._gather(rank_state, f"e{e}-s{c}"))
 
     def _state(self, epoch: int, sample_in_epoch: int, loader_state) -> dict:

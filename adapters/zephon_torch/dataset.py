@@ -73,17 +73,13 @@ class ZephonIterableDataset(IterableDataset):
         dp_degree, dp_rank = dp_from_environment(dp_degree, dp_rank)
         for k in ("lanes", "emit_state", "runner", "num_workers"):
             loader_kwargs.pop(k, None)
-        self._args = (list(datasets), list(ops))
-        self._kwargs = dict(loader_kwargs, dp_degree=dp_degree, dp_rank=dp_rank)
         self._main_runner = (runner, num_workers)
         self._worker_runner = (worker_runner, worker_num_workers)
-        self.session = RankSession(self._make_loader)
-        self.loader = self.session.loader  # the rank's template: config, fingerprint, lanes, starting state
+        self.session = RankSession.from_config(list(datasets), list(ops), dp_degree=dp_degree, dp_rank=dp_rank,
+                                               **loader_kwargs)
+        self.plan = self.session.plan  # the rank's derived config: lanes, fingerprint, step sizes
         self._live: Loader | None = None
         self.report_drops = False  # set by this package's DataLoaders: (meta, numpy micro-batch) items
-
-    def _make_loader(self, lanes, runner, workers) -> Loader:
-        return Loader(*self._args, emit_state=True, lanes=lanes, runner=runner, num_workers=workers, **self._kwargs)
 
     def __iter__(self):
         info = get_worker_info()
@@ -106,7 +102,7 @@ class ZephonIterableDataset(IterableDataset):
     # -- torchdata Stateful protocol (per process) -----------------------------------------------
     def state_dict(self) -> dict:
         """The checkpoint of the lanes this process iterates (all of the rank's before iterating)."""
-        return (self._live or self.loader).checkpoint()
+        return self._live.checkpoint() if self._live is not None else self.session.start_state()
 
     def load_state_dict(self, state: dict) -> None:
         """Start the next iteration from ``state`` (a rank's or merged global checkpoint; validated

@@ -124,11 +124,11 @@ class ZephonTextDataLoader(_Base):
     def _capacity(self) -> int:
         """Bytes reserved for the JSON: a pure function of the config (so the tensor DCP loads into has
         the saved shape), a power of two >= 64 KiB, fitting every lane at the largest counters."""
-        L = self.dataset.loader
+        plan = self.dataset.plan
         big = (1 << 62) - 1
-        entries = [{k: (lane if k == "lane" else big) for k in ckpt.LANE_KEYS} for lane in range(L.canonical_replicas)]
-        n = len(ckpt.canonical_json(ckpt.make_state(L.fingerprint, L.summary, L.canonical_replicas,
-                                                    L.rows_per_lane_step, entries)))
+        entries = [{k: (lane if k == "lane" else big) for k in ckpt.LANE_KEYS}
+                   for lane in range(plan.canonical_replicas)]
+        n = len(ckpt.canonical_json(plan.make_state(entries)))
         cap = 1 << 16
         while cap < n:
             cap <<= 1

@@ -8,20 +8,34 @@ sentinels every ``flush_every_k_chunks`` chunks -> per-lane row buffers -> tail 
 from __future__ import annotations
 
 import logging
-import math
 import warnings
 
 from ..formats import DataError, DataWarning
-from ..ops.batch import Batch, collate, padding_row
-from ..work import WorkSource, check_share_rows, lane_share, lanes_for_rank
+from ..ops.batch import collate, padding_row
 from .. import checkpoint as ckpt
-from .lane import LanePipeline, carrier_indexes
-from .checks import check_datasets, check_finite_lanes, check_ops
+from .lane import LanePipeline
+from .plan import LoaderPlan
 from .runners import RUNNERS, Runner, make_runner
 from .sharing import shared_micro_batches
-from .stage import DEFAULT_MAX_SKIP_FRACTION, SkipLedger, WorkStage
+from .stage import DEFAULT_MAX_SKIP_FRACTION, SkipLedger
 
 log = logging.getLogger("zephon")
+
+
+def empty_row(chain_ops):
+    """A row of no document when the rows come out of ``Pack`` (only reordering operators after it in
+    ``chain_ops``, the pump-side operators), whose shape needs no delivered row; else None."""
+    for op in reversed(chain_ops):
+        if op.name == "pack":
+            return op.new_accumulator(0).flush_empty()
+        if not op.reorders_only:
+            return None
+    return None
+
+
+def _planned(name: str) -> property:
+    """A read-only view of the plan's field ``name``."""
+    return property(lambda self: getattr(self.plan, name), doc=f"The plan's ``{name}`` (``LoaderPlan``).")
 
 
 class Loader:
@@ -89,59 +103,29 @@ class Loader:
                  lane_assignment: str = "contiguous", runner="threads", num_workers: int = 2,
                  unit_size: int = 256, lanes=None, emit_state: bool = False, pad_tail: bool = True,
                  max_skip_fraction=DEFAULT_MAX_SKIP_FRACTION):
-        self.datasets = check_datasets(datasets)
-        ops = list(ops)
-        self.batch = ops.pop() if ops and isinstance(ops[-1], Batch) else Batch(1)
-        if any(isinstance(op, Batch) for op in ops):
-            raise ValueError("Batch must be the last operator")
-        self.ops = ops
-        self.canonical_replicas = canonical_replicas
-        m = self.batch.micro_batch_size
-        self.global_batch_size = canonical_replicas * m if global_batch_size is None else global_batch_size
-        if not isinstance(self.global_batch_size, int) or self.global_batch_size < 1 or unit_size < 1:
-            raise ValueError(f"global_batch_size and unit_size must be >= 1, got {global_batch_size}, {unit_size}")
-        self.source = WorkSource(self.datasets, weights, seed=seed, canonical_replicas=canonical_replicas,
-                                 chunk_size=chunk_size, shuffle=shuffle, shuffle_block_size=shuffle_block_size,
-                                 exhaustion=exhaustion, fill_multiple=self.global_batch_size,
-                                 step_size=self.global_batch_size)
-        check_ops(ops, len(self.datasets))
-        if self.global_batch_size % canonical_replicas:
-            raise ValueError(f"global_batch_size={self.global_batch_size} is not a multiple of "
-                             f"canonical_replicas={canonical_replicas}")
-        self.rows_per_lane_step = self.global_batch_size // canonical_replicas
-        if self.rows_per_lane_step % m:
-            raise ValueError(f"micro_batch_size={m} does not divide the {self.rows_per_lane_step} rows each lane "
-                             f"gives per step (global_batch_size / canonical_replicas)")
-        if flush_every_k_chunks is None:  # a shuffle buffer fills once per span; a restore replays one at most
-            buffers = [op.buffer_size for op in ops if getattr(op, "name", "") == "shuffle"]
-            self.flush_span = max([min(chunk_size, 256)] + buffers)
-        else:
-            span = flush_every_k_chunks * chunk_size
-            if not math.isfinite(span) or span < 1 or span != int(span):
-                raise ValueError(f"flush_every_k_chunks={flush_every_k_chunks} x chunk_size={chunk_size} must be a "
-                                 f"whole number of pointers >= 1")
-            self.flush_span = int(span)
-        self.unit_size = unit_size
-        self.finite = self.source.total_positions is not None
-        if self.finite and (self.batch.drop_last or pad_tail):
-            check_finite_lanes(self.source)
-        self.dp_degree, self.dp_rank = dp_degree, dp_rank
-        self.rank_lanes = lanes_for_rank(canonical_replicas, dp_degree, dp_rank, lane_assignment)
-        # dp_degree a multiple of canonical_replicas: ranks share a lane, each keeping a block of its steps
-        self.lane_shares, self.share_index = lane_share(canonical_replicas, dp_degree, dp_rank, lane_assignment)
-        self.rows_per_rank_step = check_share_rows(self.rows_per_lane_step, m, self.lane_shares)
-        if lanes is None:
-            self.lanes = list(self.rank_lanes)
-        else:
-            self.lanes = [int(x) for x in lanes]
-            foreign = sorted(set(self.lanes) - set(self.rank_lanes))
-            if foreign or len(set(self.lanes)) != len(self.lanes):
-                raise ValueError(f"lanes={list(lanes)} must be distinct lanes of dp_rank {dp_rank}, which owns "
-                                 f"{self.rank_lanes[0]}..{self.rank_lanes[-1]} ({lane_assignment}); foreign: {foreign}")
-        self.emit_state, self.pad_tail = emit_state, pad_tail
-        n_work = next((i for i, op in enumerate(ops) if op.stateful), len(ops))
-        self.stage = WorkStage(self.datasets, ops[:n_work])
-        self.chain_ops = ops[n_work:]
+        self._init(LoaderPlan.build(datasets, ops, weights=weights, seed=seed,
+                                    canonical_replicas=canonical_replicas, chunk_size=chunk_size,
+                                    global_batch_size=global_batch_size, shuffle=shuffle,
+                                    shuffle_block_size=shuffle_block_size, exhaustion=exhaustion,
+                                    flush_every_k_chunks=flush_every_k_chunks, dp_degree=dp_degree,
+                                    dp_rank=dp_rank, lane_assignment=lane_assignment, unit_size=unit_size,
+                                    pad_tail=pad_tail),
+                   runner=runner, num_workers=num_workers, lanes=lanes, emit_state=emit_state,
+                   max_skip_fraction=max_skip_fraction)
+
+    @classmethod
+    def from_plan(cls, plan: LoaderPlan, *, runner="threads", num_workers: int = 2, lanes=None,
+                  emit_state: bool = False, max_skip_fraction=DEFAULT_MAX_SKIP_FRACTION) -> Loader:
+        """A Loader of an already computed ``plan`` (``LoaderPlan``); the other arguments as ``Loader``'s."""
+        loader = cls.__new__(cls)
+        loader._init(plan, runner=runner, num_workers=num_workers, lanes=lanes, emit_state=emit_state,
+                     max_skip_fraction=max_skip_fraction)
+        return loader
+
+    def _init(self, plan: LoaderPlan, *, runner, num_workers, lanes, emit_state, max_skip_fraction) -> None:
+        self.plan = plan
+        self.lanes = plan.owned_lanes(lanes)
+        self.emit_state = emit_state
         if isinstance(runner, Runner) and runner.stage.fingerprint() != self.stage.fingerprint():
             raise ValueError("the shared runner was built for other datasets or operators; build it with "
                              "make_runner(name, loader.stage) from a loader of the same config")
@@ -154,11 +138,6 @@ class Loader:
         self._runner_spec, self.num_workers = runner, num_workers
         self._runner: Runner | None = runner if isinstance(runner, Runner) else None
         self._owns_runner = not isinstance(runner, Runner)
-        self.config = {"version": 1, "algorithm": ckpt.ALGORITHM_VERSION, "work": self.source.fingerprint(),
-                       "ops": [op.fingerprint() for op in ops] + [self.batch.fingerprint()],
-                       "global_batch_size": self.global_batch_size, "flush_span": self.flush_span}
-        self.fingerprint = ckpt.config_digest(self.config)  # a schedule is compared by source.check_resume
-        self.summary = ckpt.summarize_config(self.config)
         self._state: dict[int, LanePipeline] = {}
         self._pending: dict | None = None
         self._generation = 0  # bumped by iter() and restore(): an older iterator must stop
@@ -169,10 +148,29 @@ class Loader:
         self.padded_rows = 0
         self._template = None  # a delivered row: the shape of padding rows
 
-    @property
-    def rows_per_step(self) -> int:
-        """The old name of ``rows_per_lane_step``, kept for users who read it."""
-        return self.rows_per_lane_step
+    # the plan's facts, read where the Loader is at hand (one representation: the plan)
+    datasets = _planned("datasets")
+    ops = _planned("ops")
+    batch = _planned("batch")
+    source = _planned("source")
+    canonical_replicas = _planned("canonical_replicas")
+    global_batch_size = _planned("global_batch_size")
+    rows_per_lane_step = _planned("rows_per_lane_step")
+    flush_span = _planned("flush_span")
+    unit_size = _planned("unit_size")
+    finite = _planned("finite")
+    pad_tail = _planned("pad_tail")
+    dp_degree = _planned("dp_degree")
+    dp_rank = _planned("dp_rank")
+    rank_lanes = _planned("rank_lanes")
+    lane_shares = _planned("lane_shares")
+    share_index = _planned("share_index")
+    rows_per_rank_step = _planned("rows_per_rank_step")
+    stage = _planned("stage")
+    chain_ops = _planned("chain_ops")
+    config = _planned("config")
+    fingerprint = _planned("fingerprint")
+    summary = _planned("summary")
 
     # -- checkpoints --------------------------------------------------------------------------
     def checkpoint(self) -> dict:
@@ -187,24 +185,12 @@ class Loader:
             entries = [self._state[lane].state() for lane in self.lanes]
         else:
             entries = ckpt.initial_lanes(self.lanes)
-        return ckpt.make_state(self.fingerprint, self.summary, self.canonical_replicas, self.rows_per_lane_step,
-                               entries)
+        return self.plan.make_state(entries)
 
     def restore(self, state: dict) -> None:
         """Validate ``state`` now (raises ``CheckpointError`` saying what differs or which lanes are
         missing); apply it when iteration next starts. A global (merged) or this rank's own state."""
-        by_lane = ckpt.validate(state, self.fingerprint, self.summary, lanes=self.lanes,
-                                resume_check=self.source.check_resume)
-        for lane in self.lanes:
-            e = by_lane[lane]
-            first = e["sentinel_chunk"] * self.source.chunk_size + e["sentinel_offset"]
-            if first % self.flush_span or e["sentinel_offset"] >= self.source.chunk_size:
-                raise ckpt.CheckpointError(f"lane {lane}: sentinel ({e['sentinel_chunk']}, {e['sentinel_offset']}) "
-                                           f"is not on a flush boundary (every {self.flush_span} pointers)")
-            bad = sorted(set(e.get("carry") or {}) - {str(i) for i in carrier_indexes(self.chain_ops)})
-            if bad:
-                raise ckpt.CheckpointError(f"lane {lane}: the checkpoint carries records into operator(s) {bad}, "
-                                           f"which carry nothing in this pipeline (an edited checkpoint?)")
+        by_lane = self.plan.validate(state, self.lanes)
         self._pending = {lane: dict(by_lane[lane]) for lane in self.lanes}
         self._handed = None  # the restored state replaces what was delivered
         self._generation += 1
@@ -346,14 +332,8 @@ class Loader:
         return [row] * n
 
     def empty_row(self):
-        """A row of no document when the rows come out of ``Pack`` (only reordering operators after it), whose
-        shape needs no delivered row; else None."""
-        for op in reversed(self.chain_ops):
-            if op.name == "pack":
-                return op.new_accumulator(0).flush_empty()
-            if not op.reorders_only:
-                return None
-        return None
+        """``empty_row`` of this loader's pump-side operators."""
+        return empty_row(self.chain_ops)
 
     def _drop_rest(self) -> None:
         """Count (never silently lose) every row left in the owned lanes of a finished stream. More than one

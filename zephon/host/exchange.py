@@ -41,8 +41,8 @@ ACTIVE = ("busy", "idle")
 
 def start_steps(session) -> dict:
     """``{lane: first step it still owes}`` for a ``RankSession``'s starting state (what worker loaders restore)."""
-    rps = session.loader.rows_per_lane_step
-    return {e["lane"]: e["delivered_rows"] // rps for e in session.loader.checkpoint()["lanes"]}
+    rps = session.plan.rows_per_lane_step
+    return {e["lane"]: e["delivered_rows"] // rps for e in session.start_state()["lanes"]}
 
 
 def rank_order(items, lanes) -> list:
@@ -62,7 +62,7 @@ def worker_steps(session, num_workers: int, worker_id: int, end_step: int, **ite
     rank). end_step: the first step not to compute. item_kwargs: ``RankSession.worker_items``' keywords
     (``runner``, ``workers``, ``finish``). Raises RuntimeError naming the lanes and step when the stream ends
     before ``end_step``."""
-    L = session.loader
+    L = session.plan
     starts = start_steps(session)
     first = min(starts.values())
     mine = L.rank_lanes if num_workers == 0 else worker_lanes(L.rank_lanes, num_workers, worker_id)

@@ -8,43 +8,40 @@ process records the latest entry per lane here. Worker count and prefetch depth 
 from __future__ import annotations
 
 from .. import checkpoint as ckpt
+from ..formats.records import STATE
 
 
-def initial_state(loader) -> dict:
-    """The checkpoint of ``loader``'s rank before anything was delivered (every lane of ``rank_lanes``)."""
-    return ckpt.make_state(loader.fingerprint, loader.summary, loader.canonical_replicas, loader.rows_per_lane_step,
-                           ckpt.initial_lanes(loader.rank_lanes))
+def initial_state(plan) -> dict:
+    """The checkpoint of ``plan``'s rank before anything was delivered (every lane of ``rank_lanes``)."""
+    return plan.make_state(ckpt.initial_lanes(plan.rank_lanes))
 
 
 class Progress:
     """The rank's checkpoint as of the micro-batches consumed so far.
 
     Args:
-        loader: a ``Loader`` with this rank's config (not iterated; its ``checkpoint()`` gives the
-            starting entries: zero, or a state passed to its ``restore``).
+        plan: the rank's ``engine.LoaderPlan`` (config, lanes).
+        start: the rank's checkpoint to count from (every lane of ``plan.rank_lanes``; validated by the caller).
     ``observe(mb)`` pops ``__state__`` from a consumed micro-batch (``record(entry)`` takes the entry
     itself). A consuming generator stores the entries of what it is about to yield in ``handed`` (a plain
     attribute store right before its ``yield``: nothing can raise in between) and calls ``commit()`` when it
     resumes; ``checkpoint()`` counts what was handed (the consumer has it), so an exception anywhere between
     two yields neither skips nor repeats a micro-batch. ``checkpoint()`` returns the rank's checkpoint dict
-    (every lane of ``loader.rank_lanes``), as ``Loader.checkpoint`` would. Raises ``ValueError`` for a loader
-    that owns only part of its rank."""
+    (every lane of ``plan.rank_lanes``), as ``Loader.checkpoint`` would."""
 
-    def __init__(self, loader):
-        self.loader = loader
-        self.reset()
+    def __init__(self, plan, start: dict):
+        self.plan = plan
+        self.reset(start)
 
-    def reset(self) -> None:
-        """Start again from the loader's own state (after ``loader.restore``)."""
-        if list(self.loader.lanes) != list(self.loader.rank_lanes):
-            raise ValueError("Progress needs a loader that owns the whole rank (lanes=None)")
-        self.entries = {e["lane"]: e for e in self.loader.checkpoint()["lanes"]}
+    def reset(self, start: dict) -> None:
+        """Start again from the rank checkpoint ``start``."""
+        self.entries = {e["lane"]: e for e in start["lanes"]}
         self.handed: list[dict] = []  # entries of the item(s) last yielded to the training loop, uncommitted
 
     def observe(self, mb: dict) -> dict:
         """Record the lane entry carried by micro-batch ``mb`` (removed from it); returns ``mb``.
         Raises ``KeyError`` if ``mb`` has no ``__state__`` (the loader lacks ``emit_state=True``)."""
-        self.record(mb.pop("__state__"))
+        self.record(mb.pop(STATE))
         return mb
 
     def record(self, entry: dict) -> None:
@@ -61,8 +58,6 @@ class Progress:
         self.handed = []
 
     def checkpoint(self) -> dict:
-        """The rank's checkpoint dict (every lane of ``loader.rank_lanes``), handed items included."""
+        """The rank's checkpoint dict (every lane of ``plan.rank_lanes``), handed items included."""
         self.commit()
-        L = self.loader
-        return ckpt.make_state(L.fingerprint, L.summary, L.canonical_replicas, L.rows_per_lane_step,
-                               list(self.entries.values()))
+        return self.plan.make_state(list(self.entries.values()))

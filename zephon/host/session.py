@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 
 from .. import checkpoint as ckpt
+from ..engine import Loader, LoaderPlan, empty_row
+from ..engine.stage import DEFAULT_MAX_SKIP_FRACTION
 from ..ops.batch import collate, padding_micro_batch, padding_row
 from .agreement import StepAgreement, _dist, agreed_steps, padded_steps
 from .assembly import StepAssembly
@@ -40,9 +42,9 @@ class RankSession:
     """Host-loader plumbing for one rank.
 
     Args:
-        make_loader: ``make_loader(lanes, runner, num_workers) -> zephon.Loader`` with ``emit_state=True``
-            and this rank's config; ``lanes`` None means the whole rank. Called once here for the
-            template (config, lanes, starting state; never iterated) and once per worker iteration.
+        plan: this rank's ``engine.LoaderPlan`` (``RankSession.from_config`` builds it from Loader keywords).
+        loader_options: keywords of the worker loaders besides the plan (``max_skip_fraction``); each worker
+            iteration runs ``Loader.from_plan(plan, lanes=its lanes, emit_state=True, ...)``.
         agreement_group: the torch.distributed group whose ranks agree on a finite stream's end (None:
             the whole job).
         agree_end: False when the host itself stops every rank at the same step (a step count known in
@@ -56,20 +58,32 @@ class RankSession:
     that ran out) has no row, so every rank delivers the same steps, unless the loader says ``pad_tail=False``
     (the host's items are not plain micro-batches, e.g. a TaskEncoder's batches): the ranks then stop at the
     first step some rank lacks, the rest counted.
-    Attributes: ``loader`` (the template), ``dropped_rows`` (rows of a finite pass's incomplete tail, in
+    Attributes: ``plan``, ``dropped_rows`` (rows of a finite pass's incomplete tail, in
     every worker and rank agreement). Picklable (host workers get a copy; the agreement is not sent).
     Raises what ``Loader`` raises (``TopologyError``, ``ValueError``, ``CheckpointError``)."""
 
-    def __init__(self, make_loader, *, agreement_group=None, agree_end: bool = True, warn_context=None):
-        self._make = make_loader
+    def __init__(self, plan, *, loader_options=None, agreement_group=None, agree_end: bool = True,
+                 warn_context=None):
+        self.plan = plan
+        self._options = dict(loader_options or {})
         self.words = dict(CORE_WORDS, **(warn_context or {}))
         self._agree_end = agree_end
         self._template = None  # a delivered micro-batch: the shape of padding
-        self.loader = make_loader(None, "inline", 1)
-        self.progress = Progress(self.loader)
+        self._start = self.initial_state()  # the rank checkpoint the next worker iteration starts from
+        self.progress = Progress(plan, self._start)
         self.dropped_rows = 0
         self._agreement_group = agreement_group
         self._agreement = None
+
+    @classmethod
+    def from_config(cls, datasets, ops, *, max_skip_fraction=DEFAULT_MAX_SKIP_FRACTION, agreement_group=None,
+                    agree_end: bool = True, warn_context=None, **config) -> RankSession:
+        """A session of the loader ``Loader(datasets, ops, **config)`` would be (``config``: its keywords but
+        the runner's, ``lanes`` and ``emit_state``, which the session sets per worker iteration).
+
+        Raises what ``LoaderPlan.build`` raises (``TopologyError``, ``ValueError``)."""
+        return cls(LoaderPlan.build(datasets, ops, **config), loader_options={"max_skip_fraction": max_skip_fraction},
+                   agreement_group=agreement_group, agree_end=agree_end, warn_context=warn_context)
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -79,12 +93,12 @@ class RankSession:
     # -- config views ---------------------------------------------------------------------------
     @property
     def rank_lanes(self) -> list[int]:
-        return list(self.loader.rank_lanes)
+        return list(self.plan.rank_lanes)
 
     @property
     def finite_drop_last(self) -> bool:
         """A finite pass whose incomplete last step is dropped: ranks must agree where it ends."""
-        return self.loader.finite and self.loader.batch.drop_last
+        return self.plan.finite and self.plan.batch.drop_last
 
     # -- worker side ------------------------------------------------------------------------------
     def worker_loader(self, num_workers: int = 0, worker_id: int = 0, runner="inline", workers: int = 1):
@@ -93,8 +107,9 @@ class RankSession:
         lanes = None if num_workers == 0 else worker_lanes(self.rank_lanes, num_workers, worker_id)
         if lanes == []:
             return None
-        L = self._make(lanes, runner, workers)
-        L.restore(self.loader.checkpoint())
+        L = Loader.from_plan(self.plan, lanes=lanes, runner=runner, num_workers=workers, emit_state=True,
+                             **self._options)
+        L.restore(self._start)
         return L
 
     def worker_items(self, num_workers: int = 0, worker_id: int = 0, *, finish=None, runner="inline",
@@ -126,13 +141,13 @@ class RankSession:
     # -- consuming side ---------------------------------------------------------------------------
     def begin(self) -> None:
         """Before the host starts its workers: they continue from what was consumed."""
-        self.loader.restore(self.progress.checkpoint())
+        self._start = self.progress.checkpoint()
 
     def groups(self, items):
         """Workers' ``items`` (any interleaving) -> lists of ``(meta, payload)``, one per (step,
         micro-batch), in lane order; a finite pass ends on the step every lane and rank completes. Records
         nothing (see ``consumed``)."""
-        L = self.loader
+        L = self.plan
         start = self.progress.checkpoint()["lanes"]
         asm = StepAssembly(L.rank_lanes, start, L.rows_per_lane_step, L.batch.micro_batch_size)
 
@@ -164,12 +179,12 @@ class RankSession:
 
     def _padding(self, lane: int, step: int, micro: int, state: dict):
         """A padding item for ``lane`` at (``step``, ``micro``) (``padded_steps``), shaped like a delivered one."""
-        m = self.loader.batch.micro_batch_size
+        m = self.plan.batch.micro_batch_size
         meta = {"lane": lane, "step": step, "micro": micro, "rows": m, "state": state, "last": True, "skip": False,
                 "pad": m}
         if self._template is not None:
             return meta, padding_micro_batch(self._template, m)
-        row = self.loader.empty_row()  # packed rows have a known shape, delivered or not
+        row = empty_row(self.plan.chain_ops)  # packed rows have a known shape, delivered or not
         if row is None:
             raise RuntimeError(f"rank lanes {self.rank_lanes} delivered no row in this finite pass (every sample "
                                f"filtered or skipped?), so the padding of its last steps (drop_last=False) has no "
@@ -185,7 +200,7 @@ class RankSession:
         self.dropped_rows += rows
         if rows:
             w = self.words
-            warn_once(("uneven_tail", self.loader.fingerprint, w["host"]),
+            warn_once(("uneven_tail", self.plan.fingerprint, w["host"]),
                       "%s: a finite pass (%s) with %s: another rank ran out of rows before this one, so every rank "
                       "stopped at the same step (a collective would hang otherwise); %d rows of this rank were not "
                       "delivered (counted in %s; logged once per process). %s ends every rank at its first "
@@ -230,7 +245,11 @@ class RankSession:
     # -- state --------------------------------------------------------------------------------------
     def initial_state(self) -> dict:
         """This rank's checkpoint before anything was delivered."""
-        return initial_state(self.loader)
+        return initial_state(self.plan)
+
+    def start_state(self) -> dict:
+        """The rank's checkpoint the next worker iteration starts from (set by ``load`` and ``begin``)."""
+        return self._start
 
     def rank_state(self) -> dict:
         """This rank's checkpoint as of the last item handed out: JSON data."""
@@ -262,7 +281,8 @@ class RankSession:
                 if not isinstance(s, dict):
                     raise ckpt.CheckpointError(f"not a Zephon rank state: {type(s).__name__}")
             state = states[0] if len(states) == 1 else ckpt.merge_states(states, complete=False)
-        self.loader.restore(state)
-        self.progress.reset()
+        by_lane = self.plan.validate(state, self.plan.rank_lanes)
+        self._start = self.plan.make_state([by_lane[lane] for lane in self.plan.rank_lanes])
+        self.progress.reset(self._start)
         self.dropped_rows = 0
         self._template = None

@@ -1,0 +1,180 @@
+"""``LoaderPlan``: a loader's derived configuration, computed once from its config and validated.
+
+Everything that is a function of the config alone lives here (the WorkSource, the micro-batch and step sizes,
+the flush span, this rank's lanes and lane sharing, the stage run on workers and the chain run on the pump,
+the checkpoint fingerprint). ``Loader``, ``host.RankSession``, the adapters and ``zephon verify`` read it;
+nobody builds a Loader to learn a number. It is frozen: a rank with another dp_degree gets its own plan
+(``for_rank``), every other fact stays. See docs/concepts.md ("plan").
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from .. import checkpoint as ckpt
+from ..ops.batch import Batch
+from ..work import WorkSource, check_share_rows, lane_share, lanes_for_rank
+from .checks import check_datasets, check_finite_lanes, check_ops
+from .lane import carrier_indexes
+from .stage import WorkStage
+
+
+@dataclass(frozen=True)
+class LoaderPlan:
+    """A loader's derived configuration (build it with ``LoaderPlan.build``).
+
+    Fields: ``datasets``, ``ops`` (the operators without the final ``Batch``), ``batch`` (the ``Batch``),
+    ``source`` (the ``WorkSource``), ``canonical_replicas`` (lanes), ``global_batch_size`` (rows per global
+    step), ``rows_per_lane_step`` (rows a lane gives per step), ``flush_span`` (pointers of a lane between two
+    flush sentinels), ``unit_size`` (pointers per unit of worker work), ``finite`` (a pass ends),
+    ``pad_tail``, ``dp_degree``, ``dp_rank``, ``lane_assignment``, ``rank_lanes`` (this rank's lanes),
+    ``lane_shares`` (ranks sharing each lane, 1 when a rank owns whole lanes), ``share_index`` (this rank's
+    block of a shared lane's steps), ``rows_per_rank_step`` (rows of a lane step this rank delivers),
+    ``stage`` (datasets and the stateless operators run on workers), ``chain_ops`` (operators run on the pump
+    from the first accumulator on), ``config`` (plain data), ``fingerprint`` (its digest), ``summary``.
+    The lists and dicts are the plan's own: read them, never change them."""
+
+    datasets: list
+    ops: list
+    batch: Batch
+    source: WorkSource
+    canonical_replicas: int
+    global_batch_size: int
+    rows_per_lane_step: int
+    flush_span: int
+    unit_size: int
+    finite: bool
+    pad_tail: bool
+    dp_degree: int
+    dp_rank: int
+    lane_assignment: str
+    rank_lanes: list
+    lane_shares: int
+    share_index: int
+    rows_per_rank_step: int
+    stage: WorkStage
+    chain_ops: list
+    config: dict
+    fingerprint: str
+    summary: dict
+
+    @classmethod
+    def build(cls, datasets, ops, *, weights=None, seed: int = 0, canonical_replicas: int = 8,
+              chunk_size: int = 256, global_batch_size: int | None = None, shuffle: bool = True,
+              shuffle_block_size: int | None = None, exhaustion: str = "repeat",
+              flush_every_k_chunks: float | None = None, dp_degree: int = 1, dp_rank: int = 0,
+              lane_assignment: str = "contiguous", unit_size: int = 256, pad_tail: bool = True) -> LoaderPlan:
+        """The plan of a loader built with these arguments (``Loader``'s, which documents each).
+
+        Raises ``TopologyError`` for a dp_degree that neither divides ``canonical_replicas`` nor is a multiple
+        of it (or, sharing lanes, a step that does not split into equal blocks of micro-batches),
+        ``ValueError`` for inconsistent batch sizes, a bad flush span or a misplaced ``Batch``."""
+        datasets = check_datasets(datasets)
+        ops = list(ops)
+        batch = ops.pop() if ops and isinstance(ops[-1], Batch) else Batch(1)
+        if any(isinstance(op, Batch) for op in ops):
+            raise ValueError("Batch must be the last operator")
+        m = batch.micro_batch_size
+        gbs = canonical_replicas * m if global_batch_size is None else global_batch_size
+        if not isinstance(gbs, int) or gbs < 1 or unit_size < 1:
+            raise ValueError(f"global_batch_size and unit_size must be >= 1, got {global_batch_size}, {unit_size}")
+        source = WorkSource(datasets, weights, seed=seed, canonical_replicas=canonical_replicas,
+                            chunk_size=chunk_size, shuffle=shuffle, shuffle_block_size=shuffle_block_size,
+                            exhaustion=exhaustion, fill_multiple=gbs, step_size=gbs)
+        check_ops(ops, len(datasets))
+        if gbs % canonical_replicas:
+            raise ValueError(f"global_batch_size={gbs} is not a multiple of canonical_replicas={canonical_replicas}")
+        rows_per_lane_step = gbs // canonical_replicas
+        if rows_per_lane_step % m:
+            raise ValueError(f"micro_batch_size={m} does not divide the {rows_per_lane_step} rows each lane "
+                             f"gives per step (global_batch_size / canonical_replicas)")
+        flush_span = _flush_span(ops, chunk_size, flush_every_k_chunks)
+        finite = source.total_positions is not None
+        if finite and (batch.drop_last or pad_tail):
+            check_finite_lanes(source)
+        n_work = next((i for i, op in enumerate(ops) if op.stateful), len(ops))
+        config = {"version": 1, "algorithm": ckpt.ALGORITHM_VERSION, "work": source.fingerprint(),
+                  "ops": [op.fingerprint() for op in ops] + [batch.fingerprint()],
+                  "global_batch_size": gbs, "flush_span": flush_span}
+        plan = cls(datasets=datasets, ops=ops, batch=batch, source=source,
+                   canonical_replicas=canonical_replicas, global_batch_size=gbs,
+                   rows_per_lane_step=rows_per_lane_step, flush_span=flush_span, unit_size=unit_size,
+                   finite=finite, pad_tail=pad_tail, dp_degree=1, dp_rank=0, lane_assignment=lane_assignment,
+                   rank_lanes=[], lane_shares=1, share_index=0, rows_per_rank_step=rows_per_lane_step,
+                   stage=WorkStage(datasets, ops[:n_work]), chain_ops=ops[n_work:], config=config,
+                   # a schedule is compared by source.check_resume, not by the fingerprint
+                   fingerprint=ckpt.config_digest(config), summary=ckpt.summarize_config(config))
+        return plan.for_rank(dp_degree, dp_rank, lane_assignment)
+
+    def for_rank(self, dp_degree: int, dp_rank: int, lane_assignment: str | None = None) -> LoaderPlan:
+        """This plan for rank ``dp_rank`` of ``dp_degree`` (``lane_assignment``: None keeps this plan's).
+
+        Raises ``TopologyError`` as ``build`` does."""
+        assignment = self.lane_assignment if lane_assignment is None else lane_assignment
+        rank_lanes = lanes_for_rank(self.canonical_replicas, dp_degree, dp_rank, assignment)
+        # dp_degree a multiple of canonical_replicas: ranks share a lane, each keeping a block of its steps
+        shares, index = lane_share(self.canonical_replicas, dp_degree, dp_rank, assignment)
+        rows = check_share_rows(self.rows_per_lane_step, self.batch.micro_batch_size, shares)
+        return dataclasses.replace(self, dp_degree=dp_degree, dp_rank=dp_rank, lane_assignment=assignment,
+                                   rank_lanes=list(rank_lanes), lane_shares=shares, share_index=index,
+                                   rows_per_rank_step=rows)
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Rows per micro-batch (the final ``Batch``'s)."""
+        return self.batch.micro_batch_size
+
+    def owned_lanes(self, lanes=None) -> list[int]:
+        """The lanes a loader of this rank owns: all of ``rank_lanes`` (``lanes`` None) or the given subset.
+
+        Raises ``ValueError`` for a lane of another rank or a repeated lane."""
+        if lanes is None:
+            return list(self.rank_lanes)
+        owned = [int(x) for x in lanes]
+        foreign = sorted(set(owned) - set(self.rank_lanes))
+        if foreign or len(set(owned)) != len(owned):
+            raise ValueError(f"lanes={list(lanes)} must be distinct lanes of dp_rank {self.dp_rank}, which owns "
+                             f"{self.rank_lanes[0]}..{self.rank_lanes[-1]} ({self.lane_assignment}); "
+                             f"foreign: {foreign}")
+        return owned
+
+    def make_state(self, entries) -> dict:
+        """A checkpoint of this config holding the lane entries ``entries`` (``checkpoint.make_state``)."""
+        return ckpt.make_state(self.fingerprint, self.summary, self.canonical_replicas, self.rows_per_lane_step,
+                               entries)
+
+    def validate(self, state: dict, lanes) -> dict:
+        """Check that ``state`` restores ``lanes`` under this plan; returns ``{lane: entry}``.
+
+        Raises ``CheckpointError`` saying what differs (config, lanes missing, a sentinel off the flush
+        boundary, records carried into an operator that carries nothing)."""
+        by_lane = ckpt.validate(state, self.fingerprint, self.summary, lanes=lanes,
+                                resume_check=self.source.check_resume)
+        carriers = {str(i) for i in carrier_indexes(self.chain_ops)}
+        chunk = self.source.chunk_size
+        for lane in lanes:
+            e = by_lane[lane]
+            first = e["sentinel_chunk"] * chunk + e["sentinel_offset"]
+            if first % self.flush_span or e["sentinel_offset"] >= chunk:
+                raise ckpt.CheckpointError(f"lane {lane}: sentinel ({e['sentinel_chunk']}, {e['sentinel_offset']}) "
+                                           f"is not on a flush boundary (every {self.flush_span} pointers)")
+            bad = sorted(set(e.get("carry") or {}) - carriers)
+            if bad:
+                raise ckpt.CheckpointError(f"lane {lane}: the checkpoint carries records into operator(s) {bad}, "
+                                           f"which carry nothing in this pipeline (an edited checkpoint?)")
+        return by_lane
+
+
+def _flush_span(ops, chunk_size: int, flush_every_k_chunks) -> int:
+    """Pointers of a lane between two flush sentinels (see ``Loader``'s ``flush_every_k_chunks``).
+
+    Raises ``ValueError`` unless ``flush_every_k_chunks x chunk_size`` is a whole number >= 1."""
+    if flush_every_k_chunks is None:  # a shuffle buffer fills once per span; a restore replays one at most
+        buffers = [op.buffer_size for op in ops if getattr(op, "name", "") == "shuffle"]
+        return max([min(chunk_size, 256)] + buffers)
+    span = flush_every_k_chunks * chunk_size
+    if not math.isfinite(span) or span < 1 or span != int(span):
+        raise ValueError(f"flush_every_k_chunks={flush_every_k_chunks} x chunk_size={chunk_size} must be a "
+                         f"whole number of pointers >= 1")
+    return int(span)
