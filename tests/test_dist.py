@@ -21,7 +21,7 @@ import pytest
 
 from zephon.checkpoint import (AggregationError, DirectoryAggregator, committed_rounds, gather_checkpoint,
                          latest_checkpoint)
-from zephon.engine import CheckpointError, merge_states
+from zephon.checkpoint import CheckpointError, merge_states
 
 from helpers import StepHasher, make_loader, run_steps
 

@@ -24,7 +24,7 @@ from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFa
 
 import zephon_energon as ze  # noqa: E402
 from helpers import REQUIRED, host_keywords  # noqa: E402
-from zephon.engine import CheckpointError  # noqa: E402
+from zephon.checkpoint import CheckpointError  # noqa: E402
 
 
 R = 8  # canonical_replicas in these tests (world sizes 1, 2, 4, 8)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from zephon.engine import merge_states
+from zephon.checkpoint import merge_states
 from zephon.engine.runners import InlineRunner
 
 from helpers import StepHasher, make_loader, run_steps
@@ -154,7 +154,7 @@ def test_stats_count_replayed_rows_without_redelivering(corpus, tokenizer_path):
 
 def test_local_aggregator_merges_once_every_rank_contributed(corpus, tokenizer_path):
     from zephon.checkpoint import LocalAggregator
-    from zephon.engine import CheckpointError
+    from zephon.checkpoint import CheckpointError
 
     ranks = [make_loader([corpus["docs_jsonl"]], tokenizer_path, dp=4, rank=r) for r in range(4)]
     agg = LocalAggregator(4)

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from zephon.engine import CheckpointError, merge_states
+from zephon.checkpoint import CheckpointError, merge_states
 from zephon.formats import DataError, open_dataset
 from zephon.work import TopologyError
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from zephon.engine import merge_states
+from zephon.checkpoint import merge_states
 
 from helpers import make_loader
 

@@ -22,7 +22,8 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  run_state_machine_as_test)
 from tokenizers import Tokenizer
 
-from zephon.engine import Loader, merge_states
+from zephon.engine import Loader
+from zephon.checkpoint import merge_states
 from zephon.engine import loader as loader_module
 from zephon.engine.runners import make_runner
 from zephon.formats import DataError, open_dataset

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
 from helpers import host_keywords, world  # noqa: E402
-from zephon.engine import CheckpointError  # noqa: E402
+from zephon.checkpoint import CheckpointError  # noqa: E402
 from zephon_streaming import RefusedKeyword, Stream, StreamingDataLoader, StreamingDataset  # noqa: E402
 
 GBS = 16          # global batch: 16 rows; 16 lanes by default (num_canonical_nodes = global batch)

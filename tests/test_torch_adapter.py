@@ -15,7 +15,7 @@ pytest.importorskip("torchdata")
 import zephon_torch  # noqa: E402
 from helpers import REQUIRED, StepHasher, host_keywords, make_loader, reference_digests  # noqa: E402
 from torch_jobs import R, consume, make_dataset, rows_of, small_corpus, step_digests  # noqa: E402
-from zephon.engine import CheckpointError, merge_states  # noqa: E402
+from zephon.checkpoint import CheckpointError, merge_states  # noqa: E402
 
 STEPS = 8
 

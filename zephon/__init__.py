@@ -9,7 +9,7 @@ from .formats import DataError, open_dataset
 from .ops import Batch, Decode, EnsureMixture, Filter, Map, Pack, Shuffle, Tokenize
 from .work import Schedule, TopologyError, WorkSource
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["Batch", "CheckpointError", "DataError", "Decode", "EnsureMixture", "Filter", "GlobalBatchHasher", "Loader",
            "LoaderPlan", "Map", "Pack", "Schedule", "Shuffle", "Tokenize", "TopologyError", "WorkSource",
            "merge_states", "open_dataset"]

@@ -10,7 +10,8 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from .engine import GlobalBatchHasher, make_runner, merge_states
+from .checkpoint import merge_states
+from .engine import GlobalBatchHasher, make_runner
 
 
 @dataclass

@@ -7,7 +7,7 @@ whose ``epoch_offsets`` keep each lane's offset (``{str(lane): offset}``). See d
 """
 from __future__ import annotations
 
-from zephon.checkpoint import CheckpointError, merge_states
+from zephon.host import CheckpointError, merge_rank_states
 
 
 def check_state(state) -> None:
@@ -45,8 +45,8 @@ def epoch_offset(state, rank_lanes) -> int:
 
 
 def merged_state(states):
-    """One state to broadcast for ``restore_state_global``: a list of rank states merged (the lanes there are,
-    ``merge_states(complete=False)``: a restoring rank names the lanes it lacks) with each lane's epoch offset.
+    """One state to broadcast for ``restore_state_global``: a list of rank states merged by the core
+    (``zephon.host.merge_rank_states``) with each lane's epoch offset.
 
     Args:
         states: a list of rank states (None entries ignored), or one state (returned as is).
@@ -54,12 +54,10 @@ def merged_state(states):
     if not isinstance(states, (list, tuple)):
         return states
     check_state(states)
+    merged = merge_rank_states(states)
     states = [s for s in states if s is not None]
-    if not states:
-        raise CheckpointError("no rank states given")
     if len(states) == 1:
-        return states[0]
-    merged = merge_states(states, complete=False)
+        return merged
     offsets = {str(e["lane"]): epoch_offset(s, [e["lane"]]) for s in states for e in s["lanes"]}
     if any(offsets.values()):  # per lane, the epoch offset of the rank that saved it
         merged["epoch_offsets"] = offsets

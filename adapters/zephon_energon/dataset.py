@@ -92,8 +92,7 @@ def _build(path, *, split_part, worker_config, batch_size, batch_drop_last, pack
     # A shuffle buffer fills once per span (a restore replays at most what a cold start fills); a packing
     # buffer gets 4 fills between its forced flushes.
     span = int(zk.get("flush_span") or max(256, 4 * (packing_buffer_size or 0), shuffle_buffer_size or 0))
-    k = -(-span // chunk)  # whole chunks between sentinels
-    loader_kwargs = dict(seed=seed, canonical_replicas=R, chunk_size=chunk, flush_every_k_chunks=k,
+    loader_kwargs = dict(seed=seed, canonical_replicas=R, chunk_size=chunk, flush_span=span,
                          shuffle=training, exhaustion="repeat" if (training and repeat) else "stop",
                          dp_degree=worker_config.world_size, dp_rank=worker_config.rank,
                          lane_assignment=assignment, pad_tail=False)  # TaskEncoder batches hold no padding

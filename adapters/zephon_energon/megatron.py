@@ -22,7 +22,7 @@ import re
 
 import torch
 
-from zephon.checkpoint import CheckpointError
+from zephon import CheckpointError
 
 from . import WorkerConfig, get_loader, get_savable_loader, get_train_dataset, get_val_datasets
 

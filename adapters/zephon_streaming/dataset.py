@@ -254,10 +254,9 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
             return 0
         return self._plan(0).source.fill_positions
 
-    def __getstate__(self):  # spawned workers: no cached plans or aggregators
+    def __getstate__(self):  # spawned workers: no cached plans
         state = dict(self.__dict__)
         state["_plans"] = {}
-        state.pop("_aggregator", None)
         return state
 
     def close(self) -> None:

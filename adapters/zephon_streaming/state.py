@@ -4,13 +4,13 @@ Composer asks the dataset for ``state_dict(num_samples, from_beginning)`` (globa
 gives it back with ``load_state_dict(obj)``, used by the next ``__iter__`` only. This module translates that shape:
 a Mosaic-style dict (``epoch``, ``sample_in_epoch``, the config it was made with) around the rank-merged Zephon
 checkpoint (``loader``). The lane entries come from the side channel (``zephon.host.Channel``), published by
-whichever process handed out each step; merging ranks goes through ``zephon.checkpoint``.
+whichever process handed out each step; merging ranks goes through ``zephon.host.gather_checkpoint``.
 """
 from __future__ import annotations
 
 import uuid
 
-from zephon import checkpoint as ckpt
+from zephon.host import CheckpointError, gather_checkpoint, merge_rank_states
 
 STATE_FORMAT = "zephon-streaming/1"
 
@@ -78,7 +78,7 @@ class MosaicState:
             return self._state(e, c * gbs, claim["start"])
         entries = self._channel.entries(e, c - 1, self.state_timeout)
         rank_state = self._plan(e).make_state(entries)
-        return self._state(e, c * gbs, self._gather(rank_state, f"e{e}-s{c}"))
+        return self._state(e, c * gbs, self._gather(rank_state, e, f"e{e}-s{c}"))
 
     def _state(self, epoch: int, sample_in_epoch: int, loader_state) -> dict:
         return {"format": STATE_FORMAT, "epoch": epoch, "sample_in_epoch": sample_in_epoch,
@@ -86,30 +86,28 @@ class MosaicState:
                 "global_batch_size": self.global_batch_size, "fingerprint": self.fingerprint,
                 "config": self.config_summary, "loader": loader_state}
 
-    def _gather(self, rank_state: dict, tag: str) -> dict:
-        """Every rank's lanes merged: torch.distributed when initialised, else ``aggregate_dir`` (rounds named by
-        epoch and step, so every rank agrees). Raises RuntimeError for several ranks and neither."""
+    def _gather(self, rank_state: dict, epoch: int, tag: str) -> dict:
+        """Every rank's lanes merged (``zephon.host.gather_checkpoint``: torch.distributed when initialised, else
+        ``aggregate_dir``, in rounds named by epoch and step so every rank agrees). Raises RuntimeError for
+        several ranks and neither transport."""
         if self.dp_degree == 1:
-            return ckpt.merge_states([rank_state])
+            return merge_rank_states([rank_state])
         if self.rank % (self.replication or 1):
             # a replica holds the same lanes as the first rank of its group, which contributes them
-            rank_state = ckpt.make_state(rank_state["fingerprint"], rank_state["config"],
-                                         rank_state["canonical_replicas"], rank_state["rows_per_lane_step"], [])
+            rank_state = self._plan(epoch).make_state([])
         import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized():
-            return ckpt.gather_checkpoint(rank_state, run_id=self.run_id)
-        if self.aggregate_dir is None:
+        if not (dist.is_available() and dist.is_initialized()) and self.aggregate_dir is None:
             raise RuntimeError(f"state_dict at WORLD_SIZE={self.world_size} needs every rank's lanes: initialise "
                                f"torch.distributed, or pass aggregate_dir= (a directory all ranks share; or "
                                f"$ZEPHON_AGGREGATE_DIR)")
-        agg = getattr(self, "_aggregator", None)
-        if agg is None:  # one per dataset object: its rounds are this dataset's steps
-            run = self.run_id or ("zs-" + self.fingerprint[:16])
-            agg = self._aggregator = ckpt.DirectoryAggregator(self.aggregate_dir, run, self.world_size,
-                                                              timeout=self.state_timeout)
         config = uuid.uuid5(uuid.NAMESPACE_OID, self.fingerprint).hex[:8]  # rounds of another config never collide
-        return agg.gather(self.rank, rank_state, tag=f"{tag}-{config}")
+        return gather_checkpoint(rank_state, aggregate_dir=self.aggregate_dir, run_id=self._run_id(),
+                                 world_size=self.world_size, rank=self.rank, timeout=self.state_timeout,
+                                 tag=f"{tag}-{config}")
+
+    def _run_id(self) -> str:
+        return self.run_id or ("zs-" + self.fingerprint[:16])
 
     def load_state_dict(self, obj) -> None:
         """Composer's call: validate ``obj`` now and use it for the next ``__iter__`` only.
@@ -120,11 +118,11 @@ class MosaicState:
             return
         if not isinstance(obj, dict) or obj.get("format") != STATE_FORMAT:
             if isinstance(obj, dict) and {"epoch", "sample_in_epoch", "num_canonical_nodes"} <= set(obj):
-                raise ckpt.CheckpointError(
+                raise CheckpointError(
                     "this is a mosaicml-streaming state: Zephon's sample order differs from Mosaic's, so a position "
                     "in Mosaic's order cannot be continued exactly; start this dataset fresh (drop the dataset state "
                     "from the checkpoint) or resume with streaming.StreamingDataset")
-            raise ckpt.CheckpointError(f"not a zephon_streaming state (format "
+            raise CheckpointError(f"not a zephon_streaming state (format "
                                        f"{obj.get('format') if isinstance(obj, dict) else type(obj).__name__!r}, "
                                        f"expected {STATE_FORMAT!r})")
         diffs = []
@@ -135,23 +133,23 @@ class MosaicState:
         if obj.get("shuffle_seed") != self.shuffle_seed:
             diffs.append(f"shuffle_seed: state has {obj.get('shuffle_seed')}, this dataset has {self.shuffle_seed}")
         if diffs:
-            raise ckpt.CheckpointError("state was made with another config: " + "; ".join(diffs))
+            raise CheckpointError("state was made with another config: " + "; ".join(diffs))
         if obj.get("num_canonical_nodes") != self.num_canonical_nodes:
             if self._lanes_given:
-                raise ckpt.CheckpointError(f"state was made with another config: num_canonical_nodes: state has "
+                raise CheckpointError(f"state was made with another config: num_canonical_nodes: state has "
                                            f"{obj.get('num_canonical_nodes')}, this dataset has "
                                            f"{self.num_canonical_nodes}")
             self._configure(obj.get("num_canonical_nodes"))  # Mosaic adopts the checkpoint's, so do we
         if obj.get("fingerprint") != self.fingerprint:
-            d = ckpt.config_diff(self.config_summary, obj.get("config", {}))
-            raise ckpt.CheckpointError("state was made with another config: " +
+            d = self._plan(0).config_diff(obj.get("config", {}))
+            raise CheckpointError("state was made with another config: " +
                                        ("; ".join(d) if d else "fingerprints differ (dataset content or settings)"))
         e, n = obj.get("epoch"), obj.get("sample_in_epoch")
         if not (isinstance(e, int) and e >= 0 and isinstance(n, int) and 0 <= n <= self.length * self.dp_degree
                 and n % self.global_batch_size == 0):
-            raise ckpt.CheckpointError(f"malformed state: epoch={e!r}, sample_in_epoch={n!r}")
+            raise CheckpointError(f"malformed state: epoch={e!r}, sample_in_epoch={n!r}")
         if obj.get("loader") is not None:
             self._session(e, obj["loader"])  # validates now (fingerprint, lanes)
         elif n:
-            raise ckpt.CheckpointError(f"malformed state: sample_in_epoch={n} without lane entries")
+            raise CheckpointError(f"malformed state: sample_in_epoch={n} without lane entries")
         self._channel.set_pending(obj)

@@ -140,7 +140,7 @@ class _RankStateMixin:
 
     def global_state_dict(self, **gather_kwargs) -> dict:
         """Every rank's state merged (a collective when torch.distributed is initialised: call it on
-        all ranks; see ``zephon.checkpoint.gather_checkpoint`` for ``aggregate_dir``/``run_id``/``timeout``).
+        all ranks; see ``zephon.host.gather_checkpoint`` for ``aggregate_dir``/``run_id``/``timeout``).
         Restorable at any dp degree that divides ``canonical_replicas``."""
         return self._session.global_state(**gather_kwargs)
 

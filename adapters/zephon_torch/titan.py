@@ -13,12 +13,11 @@ and any dp degree dividing ``canonical_replicas`` restores from it.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 import torch
 
-from zephon import checkpoint as ckpt
+from zephon.host import CheckpointError, decode_state, encode_state, state_capacity
 from zephon.formats import open_dataset
 from zephon.ops import Batch, Decode, Pack, Shuffle, Tokenize
 
@@ -38,7 +37,7 @@ except ImportError:  # pragma: no cover - exercised only where torchtitan is abs
             dataset_path: str | None = None
 
 #: Key of the checkpoint in ``state_dict()``: a uint8 tensor holding JSON, zero-padded.
-STATE_KEY = "zephon_checkpoint"
+STATE_KEY = "zephon_state"
 
 
 class ZephonTextDataLoader(_Base):
@@ -121,26 +120,11 @@ class ZephonTextDataLoader(_Base):
                    b["labels"][:, 1:])
 
     # -- Stateful (DCP) --------------------------------------------------------------------------
-    def _capacity(self) -> int:
-        """Bytes reserved for the JSON: a pure function of the config (so the tensor DCP loads into has
-        the saved shape), a power of two >= 64 KiB, fitting every lane at the largest counters."""
-        plan = self.dataset.plan
-        big = (1 << 62) - 1
-        entries = [{k: (lane if k == "lane" else big) for k in ckpt.LANE_KEYS}
-                   for lane in range(plan.canonical_replicas)]
-        n = len(ckpt.canonical_json(plan.make_state(entries)))
-        cap = 1 << 16
-        while cap < n:
-            cap <<= 1
-        return cap
-
     def state_dict(self) -> dict:
         """``{STATE_KEY: uint8 tensor [capacity]}``: the global checkpoint's JSON, zero-padded. A
         collective when torch.distributed is initialised with more than one rank: call on every rank."""
-        raw = ckpt.canonical_json(self.dataloader.state_dict()).encode()
-        buf = torch.zeros(self._capacity(), dtype=torch.uint8)
-        buf[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-        return {STATE_KEY: buf}
+        raw = encode_state(self.dataloader.state_dict(), state_capacity(self.dataset.plan))
+        return {STATE_KEY: torch.frombuffer(bytearray(raw), dtype=torch.uint8)}
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Restore from what ``state_dict`` returned (possibly saved at another dp degree or worker
@@ -149,14 +133,9 @@ class ZephonTextDataLoader(_Base):
         if not state_dict:
             return
         if STATE_KEY not in state_dict:
-            raise ckpt.CheckpointError(f"data loader state has no {STATE_KEY!r} (keys {sorted(state_dict)}): "
-                                       f"not saved by ZephonTextDataLoader")
-        raw = bytes(state_dict[STATE_KEY].to(torch.uint8).cpu().numpy().tobytes()).rstrip(b"\0")
-        try:
-            state = json.loads(raw)
-        except ValueError as e:
-            raise ckpt.CheckpointError(f"data loader state is not valid JSON: {e}") from None
-        self.dataloader.load_state_dict(state)
+            raise CheckpointError(f"data loader state has no {STATE_KEY!r} (keys {sorted(state_dict)}): "
+                                  f"not saved by ZephonTextDataLoader")
+        self.dataloader.load_state_dict(decode_state(state_dict[STATE_KEY].to(torch.uint8).cpu().numpy().tobytes()))
 
 
 def _tokenizer(tokenizer):

@@ -16,7 +16,8 @@ _cache: dict = {}
 
 
 def gather_checkpoint(state: dict, *, group=None, aggregate_dir=None, run_id: str | None = None,
-                      world_size: int | None = None, rank: int | None = None, timeout: float = 300.0) -> dict:
+                      world_size: int | None = None, rank: int | None = None, timeout: float = 300.0,
+                      tag: str | None = None) -> dict:
     """Merge this rank's ``state`` (``Loader.checkpoint()``) with every other rank's; returns the global
     checkpoint on every rank. Call it on every rank, in the same order.
 
@@ -28,9 +29,10 @@ def gather_checkpoint(state: dict, *, group=None, aggregate_dir=None, run_id: st
          ``rank`` / ``world_size`` default to ``$RANK`` / ``$WORLD_SIZE``; ``run_id`` is required.
       3. otherwise a single process: ``merge_states([state])``, which names any lane it lacks (a
          multi-rank job without a transport gets that error instead of a partial checkpoint).
-    ``timeout``: seconds to wait for the other ranks. Raises ``AggregationError`` (missing ranks,
-    timeout, run), ``CheckpointError`` (states that do not merge, named lanes), ``ValueError`` for
-    missing or inconsistent arguments.
+    ``timeout``: seconds to wait for the other ranks. ``tag``: the round's name in the shared directory (letters,
+    digits, ``._-``; default the next ``round-N``), so ranks that count calls differently still meet. Raises
+    ``AggregationError`` (missing ranks, timeout, run), ``CheckpointError`` (states that do not merge, named lanes),
+    ``ValueError`` for missing or inconsistent arguments.
     """
     dist = sys.modules.get("torch.distributed")  # not imported means not initialised: never import torch here
     if dist is not None and dist.is_available() and dist.is_initialized():
@@ -48,7 +50,7 @@ def gather_checkpoint(state: dict, *, group=None, aggregate_dir=None, run_id: st
         agg = _cache.get(key)
         if agg is None:
             agg = _cache[key] = DirectoryAggregator(aggregate_dir, run_id, world_size, timeout)
-        return agg.gather(rank, state)
+        return agg.gather(rank, state, tag=tag)
     if world_size not in (None, 1):
         raise ValueError(f"world_size={world_size} but neither torch.distributed is initialised nor "
                          f"aggregate_dir given: no way to reach the other ranks")

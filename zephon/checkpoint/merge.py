@@ -37,6 +37,25 @@ def merge_states(states, *, complete: bool = True) -> dict:
     return make_state(first["fingerprint"], first["config"], r, first["rows_per_lane_step"], list(merged.values()))
 
 
+def merge_rank_states(states) -> dict:
+    """One state from what a restore was given: a list of rank states merged (the lanes there are, as
+    ``merge_states(complete=False)``: a restoring rank names the lanes it lacks), or one state as is.
+
+    Args:
+        states: a list or tuple of rank states (None entries ignored), or one state dict.
+    Raises ``CheckpointError`` when the list holds no state, an entry is not a dict (naming its type), or the
+    states do not merge."""
+    if not isinstance(states, (list, tuple)):
+        return states
+    states = [s for s in states if s is not None]
+    if not states:
+        raise CheckpointError("no rank states given")
+    for s in states:
+        if not isinstance(s, dict):
+            raise CheckpointError(f"not a Zephon rank state: {type(s).__name__}")
+    return states[0] if len(states) == 1 else merge_states(states, complete=False)
+
+
 def _conflict(lane: int, i: int, a: dict, k: int, b: dict, rows_per_lane_step: int) -> str:
     """The message for lane ``lane`` found in states ``i`` and ``k`` (positions in the list: ranks when the
     list is in rank order) with different entries ``a`` and ``b``."""

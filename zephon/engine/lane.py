@@ -345,4 +345,3 @@ class LanePipeline:
         return entry
 
 
-LaneState = LanePipeline  # the old name, kept for users who imported it

@@ -60,6 +60,8 @@ class Loader:
             shuffle buffer is drained there. Default (None): ``min(chunk_size, 256)`` pointers, or the
             largest ``Shuffle`` buffer_size when larger (so the buffer can fill: a restore then replays
             at most what a cold start fills), which keeps a restore near a cold start at any chunk size.
+        flush_span: instead of ``flush_every_k_chunks``, at least this many pointers between sentinels, rounded
+            up to whole chunks (a host that states its span in samples, such as Energon's buffers).
         dp_degree, dp_rank, lane_assignment: this rank's lanes (``work.lanes_for_rank``). A ``dp_degree``
             that is a multiple of ``canonical_replicas`` makes ``lane_shares = dp_degree / canonical_replicas``
             ranks share each lane: each runs the whole lane and yields block ``share_index`` of each step's
@@ -99,7 +101,8 @@ class Loader:
     def __init__(self, datasets, ops, *, weights=None, seed: int = 0, canonical_replicas: int = 8,
                  chunk_size: int = 256, global_batch_size: int | None = None, shuffle: bool = True,
                  shuffle_block_size: int | None = None, exhaustion: str = "repeat",
-                 flush_every_k_chunks: float | None = None, dp_degree: int = 1, dp_rank: int = 0,
+                 flush_every_k_chunks: float | None = None, flush_span: int | None = None,
+                 dp_degree: int = 1, dp_rank: int = 0,
                  lane_assignment: str = "contiguous", runner="threads", num_workers: int = 2,
                  unit_size: int = 256, lanes=None, emit_state: bool = False, pad_tail: bool = True,
                  max_skip_fraction=DEFAULT_MAX_SKIP_FRACTION):
@@ -107,7 +110,8 @@ class Loader:
                                     canonical_replicas=canonical_replicas, chunk_size=chunk_size,
                                     global_batch_size=global_batch_size, shuffle=shuffle,
                                     shuffle_block_size=shuffle_block_size, exhaustion=exhaustion,
-                                    flush_every_k_chunks=flush_every_k_chunks, dp_degree=dp_degree,
+                                    flush_every_k_chunks=flush_every_k_chunks, flush_span=flush_span,
+                                    dp_degree=dp_degree,
                                     dp_rank=dp_rank, lane_assignment=lane_assignment, unit_size=unit_size,
                                     pad_tail=pad_tail),
                    runner=runner, num_workers=num_workers, lanes=lanes, emit_state=emit_state,

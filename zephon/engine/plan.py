@@ -63,8 +63,9 @@ class LoaderPlan:
     def build(cls, datasets, ops, *, weights=None, seed: int = 0, canonical_replicas: int = 8,
               chunk_size: int = 256, global_batch_size: int | None = None, shuffle: bool = True,
               shuffle_block_size: int | None = None, exhaustion: str = "repeat",
-              flush_every_k_chunks: float | None = None, dp_degree: int = 1, dp_rank: int = 0,
-              lane_assignment: str = "contiguous", unit_size: int = 256, pad_tail: bool = True) -> LoaderPlan:
+              flush_every_k_chunks: float | None = None, flush_span: int | None = None, dp_degree: int = 1,
+              dp_rank: int = 0, lane_assignment: str = "contiguous", unit_size: int = 256,
+              pad_tail: bool = True) -> LoaderPlan:
         """The plan of a loader built with these arguments (``Loader``'s, which documents each).
 
         Raises ``TopologyError`` for a dp_degree that neither divides ``canonical_replicas`` nor is a multiple
@@ -89,7 +90,7 @@ class LoaderPlan:
         if rows_per_lane_step % m:
             raise ValueError(f"micro_batch_size={m} does not divide the {rows_per_lane_step} rows each lane "
                              f"gives per step (global_batch_size / canonical_replicas)")
-        flush_span = _flush_span(ops, chunk_size, flush_every_k_chunks)
+        flush_span = _flush_span(ops, chunk_size, flush_every_k_chunks, flush_span)
         finite = source.total_positions is not None
         if finite and (batch.drop_last or pad_tail):
             check_finite_lanes(source)
@@ -144,6 +145,11 @@ class LoaderPlan:
         return ckpt.make_state(self.fingerprint, self.summary, self.canonical_replicas, self.rows_per_lane_step,
                                entries)
 
+    def config_diff(self, summary: dict) -> list[str]:
+        """What differs between this plan's config and a checkpoint's ``summary`` (its ``config``), one
+        phrase per difference (``checkpoint.config_diff``); empty when the summaries agree."""
+        return ckpt.config_diff(self.summary, summary)
+
     def validate(self, state: dict, lanes) -> dict:
         """Check that ``state`` restores ``lanes`` under this plan; returns ``{lane: entry}``.
 
@@ -166,10 +172,18 @@ class LoaderPlan:
         return by_lane
 
 
-def _flush_span(ops, chunk_size: int, flush_every_k_chunks) -> int:
-    """Pointers of a lane between two flush sentinels (see ``Loader``'s ``flush_every_k_chunks``).
+def _flush_span(ops, chunk_size: int, flush_every_k_chunks, flush_span) -> int:
+    """Pointers of a lane between two flush sentinels (see ``Loader``'s ``flush_every_k_chunks`` and
+    ``flush_span``).
 
-    Raises ``ValueError`` unless ``flush_every_k_chunks x chunk_size`` is a whole number >= 1."""
+    Raises ``ValueError`` when both are given, for a ``flush_span`` that is not an int >= 1, or unless
+    ``flush_every_k_chunks x chunk_size`` is a whole number >= 1."""
+    if flush_span is not None:
+        if flush_every_k_chunks is not None:
+            raise ValueError(f"give flush_span={flush_span} or flush_every_k_chunks={flush_every_k_chunks}, not both")
+        if not isinstance(flush_span, int) or isinstance(flush_span, bool) or flush_span < 1:
+            raise ValueError(f"flush_span must be an int >= 1 (pointers per lane), got {flush_span!r}")
+        return -(-flush_span // chunk_size) * chunk_size  # whole chunks: at least flush_span pointers
     if flush_every_k_chunks is None:  # a shuffle buffer fills once per span; a restore replays one at most
         buffers = [op.buffer_size for op in ops if getattr(op, "name", "") == "shuffle"]
         return max([min(chunk_size, 256)] + buffers)

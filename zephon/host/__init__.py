@@ -5,6 +5,7 @@ the lanes (``exchange``) and a side channel from workers to the main process (``
 (``adapters/zephon_*``) translate host keywords, sample shapes and state shapes onto ``RankSession``; see
 docs/concepts.md.
 """
+from ..checkpoint import CheckpointError, gather_checkpoint, merge_rank_states
 from .agreement import StepAgreement, agreed_steps
 from .assembly import StepAssembly
 from .channel import Channel, private_dir
@@ -12,6 +13,8 @@ from .exchange import StepExchange, exchange_steps, worker_steps
 from .progress import Progress, initial_state
 from .session import RankSession
 from .shares import worker_lanes
+from .states import decode_state, encode_state, state_capacity
 
-__all__ = ["Channel", "Progress", "RankSession", "StepAgreement", "StepAssembly", "StepExchange", "agreed_steps",
-           "exchange_steps", "initial_state", "private_dir", "worker_lanes", "worker_steps"]
+__all__ = ["Channel", "CheckpointError", "Progress", "RankSession", "StepAgreement", "StepAssembly", "StepExchange",
+           "agreed_steps", "decode_state", "encode_state", "exchange_steps", "gather_checkpoint", "initial_state",
+           "merge_rank_states", "private_dir", "state_capacity", "worker_lanes", "worker_steps"]

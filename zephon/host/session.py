@@ -271,16 +271,7 @@ class RankSession:
         """Continue from ``state``: a rank's or merged checkpoint, a list of rank checkpoints (merged here;
         they must hold this rank's lanes), or None (the start). Validated now: ``CheckpointError`` says what
         differs or which lanes are missing."""
-        if state is None:
-            state = self.initial_state()
-        elif isinstance(state, (list, tuple)):
-            states = [s for s in state if s is not None]
-            if not states:
-                raise ckpt.CheckpointError("no rank states given")
-            for s in states:
-                if not isinstance(s, dict):
-                    raise ckpt.CheckpointError(f"not a Zephon rank state: {type(s).__name__}")
-            state = states[0] if len(states) == 1 else ckpt.merge_states(states, complete=False)
+        state = self.initial_state() if state is None else ckpt.merge_rank_states(state)
         by_lane = self.plan.validate(state, self.plan.rank_lanes)
         self._start = self.plan.make_state([by_lane[lane] for lane in self.plan.rank_lanes])
         self.progress.reset(self._start)
