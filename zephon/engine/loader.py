@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
+import weakref
 
 from ..formats import DataError, DataWarning
 from ..ops.batch import Batch, collate, padding_row
@@ -154,6 +155,8 @@ class Loader:
         self._runner_spec, self.num_workers = runner, num_workers
         self._runner: Runner | None = runner if isinstance(runner, Runner) else None
         self._owns_runner = not isinstance(runner, Runner)
+        self._stop_runner = None  # weakref.finalize closing a runner this loader started (if the loader is collected)
+        self._runner_iteration = 0  # the iteration (generation) whose end stops that runner
         self.config = {"version": 1, "algorithm": ckpt.ALGORITHM_VERSION, "work": self.source.fingerprint(),
                        "ops": [op.fingerprint() for op in ops] + [self.batch.fingerprint()],
                        "global_batch_size": self.global_batch_size, "flush_span": self.flush_span}
@@ -219,6 +222,7 @@ class Loader:
         self._pending = None
         if self._runner is None:
             self._runner = make_runner(self._runner_spec, self.stage, self.num_workers)
+            self._stop_runner = weakref.finalize(self, self._runner.close)
         ledger, dry_limit = self._new_ledger(), self._dry_limit()
         self._state = {lane: LanePipeline(lane, self.source, self.chain_ops, self.datasets, span=self.flush_span,
                                        unit_size=self.unit_size, start=entries.get(lane), ledger=ledger,
@@ -247,12 +251,22 @@ class Loader:
         return self._steps()
 
     def _steps(self):
-        """The owned lanes' micro-batches (every block of a shared lane's steps; see ``__iter__``)."""
+        """The owned lanes' micro-batches (every block of a shared lane's steps; see ``__iter__``). The
+        workers belong to this iteration: they stop when it is exhausted, closed, raises or is garbage-collected
+        (unless a newer iteration took them over); the next iteration starts new ones."""
         if not self.lanes:  # a host worker with no share of the lanes: end at once, start nothing
             return
         self._start()
         self._generation += 1
-        generation = self._generation
+        self._runner_iteration = generation = self._generation
+        try:
+            yield from self._lane_steps(generation)
+        finally:
+            if self._runner_iteration == generation:
+                self.close()
+
+    def _lane_steps(self, generation: int):
+        """The body of ``_steps``: micro-batches in step order until the owned lanes end."""
         lanes = self._state
         rps, m = self.rows_per_lane_step, self.batch.micro_batch_size
         pad = self.finite and not self.batch.drop_last and self.pad_tail  # every lane fills every step
@@ -429,9 +443,10 @@ class Loader:
                 "delivered_rows": sum(s.delivered_rows for s in sts) - self.dropped_rows - self.padded_rows}
 
     def close(self) -> None:
-        """Stop worker threads/processes this loader started (a shared runner is left running)."""
+        """Stop worker threads/processes this loader started (a shared runner is left running). An iteration
+        also stops them when it ends; ``with Loader(...) as loader:`` calls this on leaving the block."""
         if self._runner is not None and self._owns_runner:
-            self._runner.close()
+            self._stop_runner()  # runs runner.close() once; the finalizer is then dead
             self._runner = None
 
     def __enter__(self):

@@ -127,7 +127,8 @@ class ProcessRunner(Runner):
                           f"function must be importable there (a module-level def, not a lambda, closure or "
                           f"method of a local object); operators on workers: {ops or '?'}; pickle said: {e}") from e
         self._prep = _preparation_data()
-        self._lock = threading.Lock()
+        # Reentrant: close() may run from a finalizer (a garbage collection) on the manager thread holding it.
+        self._lock = threading.RLock()
         self._tasks: dict[int, _Task] = {}
         self._backlog: deque = deque()
         self._workers: list[_Worker] = []
