@@ -242,11 +242,15 @@ def cmd_inspect(args) -> int:
     """List shards, counts and columns, checking every shard against its index (``formats.check``); with
     ``--deep`` read every sample. Exit 1 when a shard is bad, naming each with what was expected and found."""
     from .cli_formats import open_keywords
-    from .formats import open_dataset
+    from .formats import DamagedIndexError, open_dataset
     from .formats.check import check_shard, summary
 
     _, kw = open_keywords(args, args.path)
-    ds = open_dataset(args.path, **kw)
+    try:
+        ds = open_dataset(args.path, **kw)
+    except DamagedIndexError as e:  # the dataset's own index is bad: a bad dataset (1), not a bad argument (2)
+        print(f"zephon inspect: {e}", file=sys.stderr)
+        return 1
     total = ds.num_samples if args.deep else len(ds.shards)
     with tqdm(total=total, desc="inspect --deep (samples)" if args.deep else "inspect (shards)", file=sys.stderr,
               disable=args.no_progress or args.json, unit="sample" if args.deep else "shard") as bar:
