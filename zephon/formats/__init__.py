@@ -8,4 +8,5 @@ from .base import Dataset, ShardInfo
 from .errors import DamagedIndexError, DataError, DataWarning
 from .registry import FORMATS, inspect_source, open_dataset
 
-__all__ = ["DamagedIndexError", "DataError", "DataWarning", "Dataset", "FORMATS", "ShardInfo", "inspect_source", "open_dataset"]
+__all__ = ["DamagedIndexError", "DataError",
+           "DataWarning", "Dataset", "FORMATS", "ShardInfo", "inspect_source", "open_dataset"]

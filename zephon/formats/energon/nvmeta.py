@@ -51,8 +51,8 @@ def read_info(root: str) -> dict[str, int]:
     """
     meta = os.path.join(root, MAIN_FOLDER)
     if os.path.lexists(meta) and not os.path.isdir(meta):
-        raise DamagedIndexError(f"{MAIN_FOLDER} is not a directory (damaged or half-copied?); run `energon prepare {root}` "
-                        f"again or copy the dataset's {MAIN_FOLDER}/ folder back", path=meta)
+        raise DamagedIndexError(f"{MAIN_FOLDER} is not a directory (damaged or half-copied?); run `energon "
+                                f"prepare {root}` again or copy the dataset's {MAIN_FOLDER}/ folder back", path=meta)
     if not os.path.isdir(meta):
         raise DataError(f"not an Energon-prepared dataset: no {MAIN_FOLDER}/ directory; run `energon prepare "
                         f"{root}` (megatron-energon) to index the tar shards and write the split", path=root)
@@ -68,7 +68,8 @@ def read_info(root: str) -> dict[str, int]:
     counts = obj.get("shard_counts") if isinstance(obj, dict) else None
     if not isinstance(counts, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
                                                and v >= 0 for k, v in counts.items()):
-        raise DamagedIndexError("bad dataset info: expected shard_counts: {shard name: sample count >= 0}", path=path)
+        raise DamagedIndexError("bad dataset info: expected shard_counts: {shard name: sample count >= 0}",
+                                path=path)
     return dict(counts)
 
 

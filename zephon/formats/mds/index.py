@@ -25,6 +25,8 @@ from ..remote import is_remote, probe
 from .encodings import UNSAFE_ENCODINGS, column_codec
 
 INDEX_BASENAME = "index.json"
+# a folder with index.json is taken for MDS: a damaged index says how to read the folder otherwise
+_NOT_MDS = " (a folder with an index.json is read as MDS; if its files are JSON Lines, pass format='jsonl')"
 FORMAT = "mds"
 
 
@@ -105,16 +107,17 @@ def parse_index(index_path: str, allow_unsafe_types: bool = False,
     except OSError as e:
         raise DataError(f"cannot read index: {e.strerror or e}", path=index_path) from None
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise DamagedIndexError(f"bad index.json: not valid JSON ({e}); the file is damaged or truncated: copy it again "
-                        f"or rewrite the dataset with streaming.MDSWriter", path=index_path) from None
+        raise DamagedIndexError(f"bad index.json: not valid JSON ({e}); the file is damaged or truncated: copy it "
+                                f"again or rewrite the dataset with streaming.MDSWriter{_NOT_MDS}",
+                                path=index_path) from None
     if not isinstance(obj, dict) or not isinstance(obj.get("shards"), list):
         found = (f"an object with keys {sorted(obj)[:10]}" if isinstance(obj, dict)
                  else f"a JSON {type(obj).__name__}")
-        raise DamagedIndexError(f"bad index.json: expected an object with a 'shards' list (as streaming.MDSWriter writes), "
-                        f"found {found}", path=index_path)
+        raise DamagedIndexError(f"bad index.json: expected an object with a 'shards' list (as streaming.MDSWriter "
+                                f"writes), found {found}{_NOT_MDS}", path=index_path)
     if obj.get("version") != 2:
         raise DamagedIndexError(f"bad index.json: version {obj.get('version')!r} (MDS index version 2 expected)",
-                        path=index_path)
+                                path=index_path)
     metas = []
     for i, s in enumerate(obj["shards"]):
         try:
