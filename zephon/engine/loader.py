@@ -19,7 +19,7 @@ from .. import checkpoint as ckpt
 from .lane import LanePipeline, carrier_indexes
 from .checks import check_datasets, check_finite_lanes, check_ops
 from .runners import RUNNERS, Runner, make_runner
-from .sharing import shared_micro_batches
+from .sharing import shared_micro_batches, shared_stats
 from .stage import DEFAULT_MAX_SKIP_FRACTION, SkipLedger, WorkStage
 
 log = logging.getLogger("zephon")
@@ -433,14 +433,18 @@ class Loader:
         stream's incomplete last step with drop_last; ``padded_rows``: padding rows of a finite stream's last
         step without it (this iteration). ``delivered_rows``: yielded since the start of
         training (restored counts included; the checkpoint's per-lane ``delivered_rows`` also counts
-        dropped rows, as consumed)."""
+        dropped rows, as consumed). When ranks share a lane (``lane_shares`` > 1) the row counts are this rank's
+        block of the lane's rows (``sharing.shared_stats``); the other counts are the whole lane's work."""
         self._commit_handed()
         sts = list(self._state.values())
         msgs = [m for s in sts for m in s.skipped_messages][:20]
-        return {"skipped": sum(s.skipped for s in sts), "skipped_messages": msgs,
-                "filtered": sum(s.filtered for s in sts), "replayed_rows": sum(s.replayed_rows for s in sts),
-                "dropped_rows": self.dropped_rows, "padded_rows": self.padded_rows,
-                "delivered_rows": sum(s.delivered_rows for s in sts) - self.dropped_rows - self.padded_rows}
+        out = {"skipped": sum(s.skipped for s in sts), "skipped_messages": msgs,
+               "filtered": sum(s.filtered for s in sts), "replayed_rows": sum(s.replayed_rows for s in sts),
+               "dropped_rows": self.dropped_rows, "padded_rows": self.padded_rows,
+               "delivered_rows": sum(s.delivered_rows for s in sts) - self.dropped_rows - self.padded_rows}
+        if self.lane_shares > 1:  # the lane's rows are shared: count this rank's block of them (one lane)
+            out.update(shared_stats(self, sum(s.delivered_rows for s in sts), self.padded_rows, self.dropped_rows))
+        return out
 
     def close(self) -> None:
         """Stop worker threads/processes this loader started (a shared runner is left running). An iteration
