@@ -7,9 +7,10 @@ from .checkpoint import CheckpointError, merge_states
 from .engine import GlobalBatchHasher, Loader
 from .formats import DataError, open_dataset
 from .ops import Batch, Decode, EnsureMixture, Filter, Map, Pack, Shuffle, Tokenize
-from .work import Schedule, TopologyError, WorkSource
+from .work import PartialPassWarning, Schedule, TopologyError, WorkSource
 
 __version__ = "0.1.0"
 __all__ = ["Batch", "CheckpointError", "DataError", "Decode", "EnsureMixture", "Filter", "GlobalBatchHasher", "Loader",
-           "Map", "Pack", "Schedule", "Shuffle", "Tokenize", "TopologyError", "WorkSource", "merge_states",
+           "Map", "Pack", "PartialPassWarning",
+           "Schedule", "Shuffle", "Tokenize", "TopologyError", "WorkSource", "merge_states",
            "open_dataset"]
