@@ -18,7 +18,7 @@ from ..work import WorkSource, check_share_rows, lane_share, lanes_for_rank
 from .. import checkpoint as ckpt
 from .lane import LanePipeline, carrier_indexes
 from .checks import check_datasets, check_finite_lanes, check_ops
-from .runners import RUNNERS, Runner, make_runner
+from .runners import RUNNERS, Runner, check_main_guarded, make_runner
 from .sharing import shared_micro_batches, shared_stats
 from .stage import DEFAULT_MAX_SKIP_FRACTION, SkipLedger, WorkStage
 
@@ -152,6 +152,8 @@ class Loader:
         if not isinstance(runner, Runner) and runner != "inline" and (not isinstance(num_workers, int)
                                                                       or num_workers < 1):
             raise ValueError(f"num_workers must be an int >= 1 for runner={runner!r}, got {num_workers!r}")
+        if runner == "processes":
+            check_main_guarded()  # an unguarded script would run again in every worker: refuse it now
         self._runner_spec, self.num_workers = runner, num_workers
         self._runner: Runner | None = runner if isinstance(runner, Runner) else None
         self._owns_runner = not isinstance(runner, Runner)

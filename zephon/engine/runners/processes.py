@@ -28,6 +28,7 @@ from pathlib import Path
 
 from .. import shm
 from .base import Runner
+from .guard import UnguardedMainError, check_main_guarded
 from .worker import recv_msg, send_msg
 
 log = logging.getLogger("zephon")
@@ -112,6 +113,7 @@ class ProcessRunner(Runner):
 
     def __init__(self, stage, num_workers: int = 2, *, max_restarts: int = 3,
                  shm_threshold: int | None = shm.DEFAULT_THRESHOLD, prefetch: int = 2):
+        check_main_guarded()  # an unguarded script would run again in every worker: refuse, naming the fix
         super().__init__(stage, max(1, num_workers))
         self.capacity = 2 * self.num_workers
         self.max_restarts = max_restarts
@@ -279,6 +281,9 @@ class ProcessRunner(Runner):
             if msg[0] == "ok":
                 _, tid, res, size, has_fd = msg
                 res.records = shm.unpack(res.records, shm.recv_fd(w.sock) if has_fd else None, size)
+            elif msg[0] == "fatal" and msg[3:] == ("unguarded",):
+                self._fail_all(UnguardedMainError(msg[2]))
+                return
             elif msg[0] == "fatal":
                 self._fail_all(WorkerDied(f"processes runner: worker pid {msg[1]} could not load the pipeline "
                                           f"(datasets and operators): {msg[2]}\nOperators' functions must be "
