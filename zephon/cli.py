@@ -341,7 +341,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="zephon", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     demo = sub.add_parser("demo", help="the embedded default: stdlib corpus, throughput, elastic resume table")
-    demo.add_argument("--workdir", default=None, help="where the corpus and tokenizer are cached")
+    demo.add_argument("--workdir", default=None, help="where the corpus and tokenizer are built and cached (default: "
+                                                       "$ZEPHON_DEMO_DIR, else $ZEPHON_CACHE_DIR/demo, else "
+                                                       "~/.cache/zephon/demo)")
     demo.add_argument("--seconds", type=float, default=10.0, help="duration of the throughput run")
     demo.add_argument("--weights", default="0.7,0.3", help="mixture of stdlib sources and docstrings")
     _pipeline_args(demo, demo=True)
