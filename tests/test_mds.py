@@ -539,11 +539,14 @@ def test_file_changed_after_open(plain):
         ds.read(0, [0])
 
 
-def test_jsonl_directory_with_a_plain_index_json_is_not_mds(tmp_path):
+def test_jsonl_directory_with_a_plain_index_json_is_read_as_jsonl_only_when_asked(tmp_path):
+    """A folder with index.json is MDS (issue 28: no guessing around a damaged index); format='jsonl' reads it."""
     d = tmp_path / "j"
     d.mkdir()
     (d / "index.json").write_text('{"text": "a"}\n{"text": "b"}\n')
-    ds = open_dataset(d)
+    with pytest.raises(DataError, match="not valid JSON.*format='jsonl'"):
+        open_dataset(d)
+    ds = open_dataset(d, format="jsonl")
     assert ds.shards[0].format == "jsonl" and ds.num_samples == 2
 
 

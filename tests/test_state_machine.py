@@ -7,13 +7,16 @@ have been delivered exactly once, counting what was delivered up to each restore
 An *interrupt* raises inside the loader (in a worker's operator, or on the pump while a micro-batch is collated)
 and the test checkpoints in the ``except`` handler, as a training script catching Ctrl-C would, then restores.
 
-The default suite runs a few dozen examples; ``pytest -m slow tests/test_state_machine.py`` runs 1,000 (and the
-processes runner too).
+The default suite runs a few dozen examples; ``pytest -m slow tests/test_state_machine.py`` runs 1,000
+(``ZEPHON_STATE_MACHINE_EXAMPLES`` overrides the number) and the processes runner too, with worker kills (SIGKILL of
+a worker process, as the OOM killer does) among the steps: the runner replaces the worker and re-runs its units.
 """
 from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -39,7 +42,7 @@ class Interrupt(Exception):
 
 _ARMED = {"worker": -1, "collate": -1}  # calls left before raising; -1: disarmed
 _FIRED = {"worker": 0, "collate": 0}  # interrupts that really happened (the run must have some of each)
-_COUNTS = {"examples": 0, "restores": 0, "micro_batches": 0}
+_COUNTS = {"examples": 0, "restores": 0, "micro_batches": 0, "kills": 0}
 
 
 def _maybe_raise(where: str) -> None:
@@ -102,6 +105,8 @@ def build_loaders(corpus_dir, tokenizer_path, shared, dp, runner, workers, state
             if "processes" not in shared:
                 probe = Loader([dataset], _ops(tokenizer_path), canonical_replicas=R, runner="inline")
                 shared["processes"] = make_runner("processes", probe.stage, 2)
+                # killed workers are replaced; the give-up limit (deaths in a row) is another test's subject
+                shared["processes"].max_restarts = 10 ** 6
             spec = shared["processes"]
         L = Loader([dataset], _ops(tokenizer_path), seed=3, canonical_replicas=R, chunk_size=8,
                    global_batch_size=2 * R, exhaustion="stop", flush_every_k_chunks=1, dp_degree=dp,
@@ -164,6 +169,22 @@ class Machine(RuleBasedStateMachine):
             except StopIteration:
                 self.ended[rank] = True
 
+    @rule(which=st.integers(0, 1), rank=st.integers(0, 3), n=st.integers(1, 8))
+    def kill_worker(self, which, rank, n):
+        """SIGKILL a worker of the processes runner (the OOM killer's way), then keep pulling: its units re-run on a
+        replacement, and nothing is lost or repeated."""
+        if self.topology[1] != "processes":
+            return
+        pids = self.shared["processes"].pids
+        if not pids:
+            return
+        try:
+            os.kill(pids[which % len(pids)], signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        _COUNTS["kills"] += 1
+        self.pull(rank, n)
+
     @rule()
     def checkpoint(self):
         self.saved = (self._checkpoint(), list(self.delivered))
@@ -214,20 +235,26 @@ def _run(small_corpus, tokenizer_path, runners, examples, steps):
     corpus_dir, pieces = small_corpus
     shared = {}
     _FIRED.update(worker=0, collate=0)
-    _COUNTS.update(examples=0, restores=0, micro_batches=0)
+    _COUNTS.update(examples=0, restores=0, micro_batches=0, kills=0)
     machine = type("Run", (Machine,), {"corpus_dir": corpus_dir, "tokenizer_path": tokenizer_path,
                                        "runners": tuple(runners), "shared": shared, "pieces": pieces})
+    deaths = []
     try:
         run_state_machine_as_test(machine, settings=settings(
             max_examples=examples, stateful_step_count=steps, deadline=None, database=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
     finally:
         if "processes" in shared:
+            deaths = list(shared["processes"].deaths)
             shared["processes"].close()
     print(f"state machine: {_COUNTS['examples']} examples, {_COUNTS['restores']} restores, "
-          f"{_COUNTS['micro_batches']} micro-batches, interrupts {_FIRED}")
+          f"{_COUNTS['micro_batches']} micro-batches, interrupts {_FIRED}, {_COUNTS['kills']} worker kills "
+          f"({len(deaths)} deaths seen by the runner)")
     assert _COUNTS["examples"] >= examples, f"hypothesis ran {_COUNTS['examples']} of {examples} examples"
     assert _FIRED["worker"] and _FIRED["collate"], f"the run injected too few interrupts: {_FIRED}"
+    if "processes" in runners:
+        assert _COUNTS["kills"] and deaths, f"the run killed {_COUNTS['kills']} workers, the runner saw {deaths}"
+        assert all(rc == -signal.SIGKILL for _, rc, _ in deaths), f"workers died otherwise: {deaths}"
 
 
 @pytest.fixture(autouse=True)
@@ -247,4 +274,5 @@ def test_exactly_once_under_interrupts_restores_and_topology_changes(small_corpu
 
 @pytest.mark.slow
 def test_exactly_once_state_machine_thousand_examples(small_corpus, tokenizer_path):
-    _run(small_corpus, tokenizer_path, ["inline", "threads", "processes"], examples=1000, steps=15)
+    examples = int(os.environ.get("ZEPHON_STATE_MACHINE_EXAMPLES", "1000"))
+    _run(small_corpus, tokenizer_path, ["inline", "threads", "processes"], examples=examples, steps=15)

@@ -7,9 +7,9 @@ from .checkpoint import CheckpointError, merge_states
 from .engine import GlobalBatchHasher, Loader, LoaderPlan
 from .formats import DataError, open_dataset
 from .ops import Batch, Decode, EnsureMixture, Filter, Map, Pack, Shuffle, Tokenize
-from .work import Schedule, TopologyError, WorkSource
+from .work import PartialPassWarning, Schedule, TopologyError, WorkSource
 
 __version__ = "0.2.0"
 __all__ = ["Batch", "CheckpointError", "DataError", "Decode", "EnsureMixture", "Filter", "GlobalBatchHasher", "Loader",
-           "LoaderPlan", "Map", "Pack", "Schedule", "Shuffle", "Tokenize", "TopologyError", "WorkSource",
-           "merge_states", "open_dataset"]
+           "LoaderPlan", "Map", "Pack", "PartialPassWarning", "Schedule", "Shuffle", "Tokenize", "TopologyError",
+           "WorkSource", "merge_states", "open_dataset"]

@@ -242,11 +242,15 @@ def cmd_inspect(args) -> int:
     """List shards, counts and columns, checking every shard against its index (``formats.check``); with
     ``--deep`` read every sample. Exit 1 when a shard is bad, naming each with what was expected and found."""
     from .cli_formats import open_keywords
-    from .formats import open_dataset
+    from .formats import DamagedIndexError, open_dataset
     from .formats.check import check_shard, summary
 
     _, kw = open_keywords(args, args.path)
-    ds = open_dataset(args.path, **kw)
+    try:
+        ds = open_dataset(args.path, **kw)
+    except DamagedIndexError as e:  # the dataset's own index is bad: a bad dataset (1), not a bad argument (2)
+        print(f"zephon inspect: {e}", file=sys.stderr)
+        return 1
     total = ds.num_samples if args.deep else len(ds.shards)
     with tqdm(total=total, desc="inspect --deep (samples)" if args.deep else "inspect (shards)", file=sys.stderr,
               disable=args.no_progress or args.json, unit="sample" if args.deep else "shard") as bar:
@@ -337,7 +341,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="zephon", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     demo = sub.add_parser("demo", help="the embedded default: stdlib corpus, throughput, elastic resume table")
-    demo.add_argument("--workdir", default=None, help="where the corpus and tokenizer are cached")
+    demo.add_argument("--workdir", default=None, help="where the corpus and tokenizer are built and cached (default: "
+                                                       "$ZEPHON_DEMO_DIR, else $ZEPHON_CACHE_DIR/demo, else "
+                                                       "~/.cache/zephon/demo)")
     demo.add_argument("--seconds", type=float, default=10.0, help="duration of the throughput run")
     demo.add_argument("--weights", default="0.7,0.3", help="mixture of stdlib sources and docstrings")
     _pipeline_args(demo, demo=True)
@@ -360,7 +366,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.cmd in ("demo", "verify") and not 0 < args.checkpoint_step < args.steps:
         parser.error(f"need 0 < --checkpoint-step ({args.checkpoint_step}) < --steps ({args.steps})")
-    from .engine import CheckpointError
+    from .checkpoint import CheckpointError
     from .formats import DataError
     from .formats.remote import RemoteError
     from .work import TopologyError

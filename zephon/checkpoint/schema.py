@@ -174,6 +174,7 @@ def validate(state, fingerprint: str, summary: dict, lanes=None, resume_check=No
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         fmt = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"not a Zephon checkpoint (format {fmt!r}, expected {FORMAT!r})")
+    _check_fields(state)
     if state.get("fingerprint") != fingerprint:
         ours, theirs = summary.get("algorithm"), (state.get("config") or {}).get("algorithm")
         if ours != theirs:
@@ -183,8 +184,8 @@ def validate(state, fingerprint: str, summary: dict, lanes=None, resume_check=No
         diffs = config_diff(summary, state.get("config", {}))
         detail = "; ".join(diffs) if diffs else "fingerprints differ (dataset content or operator settings)"
         raise CheckpointError(f"checkpoint was made with another config: {detail}")
-    lanes_list = state.get("lanes")
-    if not isinstance(lanes_list, list) or state.get("lanes_sha256") != digest(lanes_list):
+    lanes_list = state["lanes"]
+    if state["lanes_sha256"] != digest(lanes_list):
         raise CheckpointError("checkpoint lane entries were altered or truncated (lanes_sha256 does not match)")
     _check_derived(state, summary, lanes_list, schedule_checked=resume_check is not None)
     by_lane = {}
@@ -204,6 +205,22 @@ def validate(state, fingerprint: str, summary: dict, lanes=None, resume_check=No
             raise CheckpointError(f"checkpoint lacks lanes {missing} (it has {len(by_lane)} lanes: "
                                   f"{lane_ranges(sorted(by_lane))}); merge every rank's state before restoring")
     return by_lane
+
+
+# The fields every checkpoint has (make_state), with their types: checked before their values are compared.
+_FIELDS = {"fingerprint": str, "config": dict, "lanes": list, "lanes_sha256": str}
+
+
+def _check_fields(state: dict) -> None:
+    """Raise ``CheckpointError`` naming the fields of ``_FIELDS`` that ``state`` lacks or holds with another type
+    (a truncated, hand-made or otherwise damaged checkpoint), before any of them is interpreted."""
+    missing = [k for k in _FIELDS if k not in state]
+    wrong = [f"{k!r} is {type(state[k]).__name__}, expected {t.__name__}" for k, t in _FIELDS.items()
+             if k in state and not isinstance(state[k], t)]
+    if missing or wrong:
+        what = "; ".join(([f"missing field(s) {', '.join(map(repr, missing))}"] if missing else []) + wrong)
+        raise CheckpointError(f"damaged checkpoint: {what}. Save states with loader.checkpoint() (or merge_states) "
+                              f"and store them whole, as JSON")
 
 
 def _check_derived(state: dict, summary: dict, lanes_list: list, schedule_checked: bool = False) -> None:

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import logging
 import warnings
+import weakref
 
 from ..formats import DataError, DataWarning
 from ..ops.batch import collate, padding_row
 from .. import checkpoint as ckpt
 from .lane import LanePipeline
 from .plan import LoaderPlan
-from .runners import RUNNERS, Runner, make_runner
-from .sharing import shared_micro_batches
+from .runners import RUNNERS, Runner, check_main_guarded, make_runner
+from .sharing import shared_micro_batches, shared_stats
 from .stage import DEFAULT_MAX_SKIP_FRACTION, SkipLedger
 
 log = logging.getLogger("zephon")
@@ -139,9 +140,13 @@ class Loader:
         if not isinstance(runner, Runner) and runner != "inline" and (not isinstance(num_workers, int)
                                                                       or num_workers < 1):
             raise ValueError(f"num_workers must be an int >= 1 for runner={runner!r}, got {num_workers!r}")
+        if runner == "processes":
+            check_main_guarded()  # an unguarded script would run again in every worker: refuse it now
         self._runner_spec, self.num_workers = runner, num_workers
         self._runner: Runner | None = runner if isinstance(runner, Runner) else None
         self._owns_runner = not isinstance(runner, Runner)
+        self._stop_runner = None  # weakref.finalize closing a runner this loader started (if the loader is collected)
+        self._runner_iteration = 0  # the iteration (generation) whose end stops that runner
         self._state: dict[int, LanePipeline] = {}
         self._pending: dict | None = None
         self._generation = 0  # bumped by iter() and restore(): an older iterator must stop
@@ -209,6 +214,7 @@ class Loader:
         self._pending = None
         if self._runner is None:
             self._runner = make_runner(self._runner_spec, self.stage, self.num_workers)
+            self._stop_runner = weakref.finalize(self, self._runner.close)
         ledger, dry_limit = self._new_ledger(), self._dry_limit()
         self._state = {lane: LanePipeline(lane, self.source, self.chain_ops, self.datasets, span=self.flush_span,
                                        unit_size=self.unit_size, start=entries.get(lane), ledger=ledger,
@@ -237,12 +243,22 @@ class Loader:
         return self._steps()
 
     def _steps(self):
-        """The owned lanes' micro-batches (every block of a shared lane's steps; see ``__iter__``)."""
+        """The owned lanes' micro-batches (every block of a shared lane's steps; see ``__iter__``). The
+        workers belong to this iteration: they stop when it is exhausted, closed, raises or is garbage-collected
+        (unless a newer iteration took them over); the next iteration starts new ones."""
         if not self.lanes:  # a host worker with no share of the lanes: end at once, start nothing
             return
         self._start()
         self._generation += 1
-        generation = self._generation
+        self._runner_iteration = generation = self._generation
+        try:
+            yield from self._lane_steps(generation)
+        finally:
+            if self._runner_iteration == generation:
+                self.close()
+
+    def _lane_steps(self, generation: int):
+        """The body of ``_steps``: micro-batches in step order until the owned lanes end."""
         lanes = self._state
         rps, m = self.rows_per_lane_step, self.batch.micro_batch_size
         pad = self.finite and not self.batch.drop_last and self.pad_tail  # every lane fills every step
@@ -403,19 +419,24 @@ class Loader:
         stream's incomplete last step with drop_last; ``padded_rows``: padding rows of a finite stream's last
         step without it (this iteration). ``delivered_rows``: yielded since the start of
         training (restored counts included; the checkpoint's per-lane ``delivered_rows`` also counts
-        dropped rows, as consumed)."""
+        dropped rows, as consumed). When ranks share a lane (``lane_shares`` > 1) the row counts are this rank's
+        block of the lane's rows (``sharing.shared_stats``); the other counts are the whole lane's work."""
         self._commit_handed()
         sts = list(self._state.values())
         msgs = [m for s in sts for m in s.skipped_messages][:20]
-        return {"skipped": sum(s.skipped for s in sts), "skipped_messages": msgs,
-                "filtered": sum(s.filtered for s in sts), "replayed_rows": sum(s.replayed_rows for s in sts),
-                "dropped_rows": self.dropped_rows, "padded_rows": self.padded_rows,
-                "delivered_rows": sum(s.delivered_rows for s in sts) - self.dropped_rows - self.padded_rows}
+        out = {"skipped": sum(s.skipped for s in sts), "skipped_messages": msgs,
+               "filtered": sum(s.filtered for s in sts), "replayed_rows": sum(s.replayed_rows for s in sts),
+               "dropped_rows": self.dropped_rows, "padded_rows": self.padded_rows,
+               "delivered_rows": sum(s.delivered_rows for s in sts) - self.dropped_rows - self.padded_rows}
+        if self.lane_shares > 1:  # the lane's rows are shared: count this rank's block of them (one lane)
+            out.update(shared_stats(self, sum(s.delivered_rows for s in sts), self.padded_rows, self.dropped_rows))
+        return out
 
     def close(self) -> None:
-        """Stop worker threads/processes this loader started (a shared runner is left running)."""
+        """Stop worker threads/processes this loader started (a shared runner is left running). An iteration
+        also stops them when it ends; ``with Loader(...) as loader:`` calls this on leaving the block."""
         if self._runner is not None and self._owns_runner:
-            self._runner.close()
+            self._stop_runner()  # runs runner.close() once; the finalizer is then dead
             self._runner = None
 
     def __enter__(self):

@@ -58,3 +58,30 @@ def _settled(loader, mb: dict) -> dict:
     if loader.emit_state:
         mb["__state__"] = loader._state[lane].state()
     return mb
+
+
+def own_rows(loader, lane_rows: int) -> int:
+    """How many of a shared lane's first ``lane_rows`` rows fall in this rank's block of their steps.
+
+    loader: the ``Loader`` (``lane_shares`` > 1). lane_rows: rows of the lane in delivery order (an int >= 0).
+    Closed form: every whole step gives ``rows_per_rank_step`` rows; the step in progress gives the part of
+    ``[share_index * b, (share_index + 1) * b)`` (``b = rows_per_rank_step``) it has reached. Summed over the
+    sharing ranks this is ``lane_rows``.
+    """
+    rps, b = loader.rows_per_lane_step, loader.rows_per_rank_step
+    steps, within = divmod(lane_rows, rps)
+    return steps * b + min(max(within - loader.share_index * b, 0), b)
+
+
+def shared_stats(loader, lane_rows: int, padded: int, dropped: int) -> dict:
+    """``delivered_rows``, ``padded_rows``, ``dropped_rows`` of this rank's block (``Loader.stats`` with shared lanes).
+
+    loader: the ``Loader``. lane_rows: its lane's cursor (rows consumed: delivered, then the padding of a
+    finite pass's last step or the rows dropped after it). padded, dropped: the lane's padding and dropped
+    rows. A lane's rows are real rows first, then padding (drop_last=False) or dropped rows (drop_last=True),
+    so each kind's share is the blocks' overlap with its stretch of the lane.
+    """
+    real = lane_rows - padded - dropped
+    return {"delivered_rows": own_rows(loader, real),
+            "padded_rows": own_rows(loader, real + padded) - own_rows(loader, real),
+            "dropped_rows": own_rows(loader, lane_rows) - own_rows(loader, real + padded)}

@@ -5,7 +5,8 @@ through the format table of ``registry`` (JSONL, Parquet, MDS, Energon); ``inspe
 source; ``DataError`` reports bad input.
 """
 from .base import Dataset, ShardInfo
-from .errors import DataError, DataWarning
+from .errors import DamagedIndexError, DataError, DataWarning
 from .registry import FORMATS, inspect_source, open_dataset
 
-__all__ = ["DataError", "DataWarning", "Dataset", "FORMATS", "ShardInfo", "inspect_source", "open_dataset"]
+__all__ = ["DamagedIndexError", "DataError",
+           "DataWarning", "Dataset", "FORMATS", "ShardInfo", "inspect_source", "open_dataset"]

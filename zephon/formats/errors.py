@@ -37,7 +37,7 @@ class DataError(ValueError):
     def __reduce__(self):
         # Keyword-only arguments are lost by the default exception pickling; errors cross process
         # boundaries in the process runner, so rebuild from all fields.
-        return (_rebuild, (self.reason, self.path, self.shard, self.sample, self.line))
+        return (_rebuild, (self.reason, self.path, self.shard, self.sample, self.line, type(self)))
 
     def located(self, *, path: str | None = None, shard: int | None = None,
                 sample: int | None = None, line: int | None = None) -> "DataError":
@@ -62,8 +62,13 @@ def per_sample(indices, read_one, on_error: str) -> list:
     return out
 
 
-def _rebuild(reason, path, shard, sample, line):
-    return DataError(reason, path=path, shard=shard, sample=sample, line=line)
+def _rebuild(reason, path, shard, sample, line, cls=DataError):
+    return cls(reason, path=path, shard=shard, sample=sample, line=line)
+
+
+class DamagedIndexError(DataError):
+    """A dataset's own index or metadata file (MDS ``index.json``, Energon ``.nv-meta``) is there but damaged:
+    not readable as what it should be. The format is known from its presence; nothing is guessed around it."""
 
 
 class DataWarning(UserWarning):

@@ -1,7 +1,7 @@
 """Stateless record operators: decode (select a text field), map, filter."""
 from __future__ import annotations
 
-from .base import Operator, RecordError
+from .base import Operator, RecordError, field_value
 
 
 def _callable_name(fn) -> str:
@@ -28,10 +28,7 @@ class Decode(Operator):
         out = []
         f = self.field
         for r in records:
-            if f not in r:
-                present = sorted(k for k in r if not k.startswith("__"))
-                raise RecordError(f"missing field {f!r} (fields present: {present})", r)
-            v = r[f]
+            v = field_value(r, f)
             if isinstance(v, bytes):
                 try:
                     v = v.decode("utf-8")

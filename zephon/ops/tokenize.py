@@ -92,6 +92,10 @@ def load_tokenizer(tokenizer):
             return Tokenizer.from_str(tokenizer)
     except Exception as e:  # tokenizers raises a bare Exception for a file that is not a tokenizer
         raise ValueError(f"tokenizer {str(tokenizer)[:200]!r} is not a tokenizers JSON file: {e}") from None
+    if isinstance(tokenizer, (str, os.PathLike)):  # a path that is not there: say so, and where it was looked for
+        raise FileNotFoundError(f"tokenizer file {os.fspath(tokenizer)!r} does not exist (looked for "
+                                f"{os.path.abspath(tokenizer)}); pass the path of a tokenizers tokenizer.json, its "
+                                f"JSON text, or 'bytes' for the byte-level tokenizer")
     raise FileNotFoundError(f"tokenizer {tokenizer!r}: not a tokenizers.Tokenizer, a tokenizer.json path or its JSON")
 
 

@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-from .base import Operator, RecordError
+from .base import Operator, RecordError, field_value
 from .tokenize import load_tokenizer
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -38,26 +38,6 @@ def _pil():
                 Image.init()
                 _pil_ready = True
     return Image
-
-
-def field_value(record: dict, name: str):
-    """Field ``name`` of a record: a top-level column (MDS, JSONL, Parquet), else an Energon ``field_map``
-    field (``__fields__``), else an Energon tar part (``__parts__``). Raises ``KeyError`` when none has it."""
-    if name in record:
-        return record[name]
-    for inner in ("__fields__", "__parts__"):
-        sub = record.get(inner)
-        if isinstance(sub, dict) and name in sub:
-            return sub[name]
-    raise KeyError(name)
-
-
-def _present(record: dict) -> list:
-    names = [k for k in record if not k.startswith("__")]
-    for inner in ("__fields__", "__parts__"):
-        if isinstance(record.get(inner), dict):
-            names += [f"{inner}[{k}]" for k in record[inner]]
-    return sorted(names)
 
 
 def identity_seed(seed: int, src, *, with_position: bool = False) -> int:
@@ -92,10 +72,7 @@ class DecodeImage(Operator):
         return {"op": self.name, "image": self.image, "caption": self.caption}
 
     def _field(self, r: dict, name: str):
-        try:
-            return field_value(r, name)
-        except KeyError:
-            raise RecordError(f"missing field {name!r} (fields present: {_present(r)})", r) from None
+        return field_value(r, name)
 
     def process_many(self, records: list[dict]) -> list[dict]:
         Image = _pil()

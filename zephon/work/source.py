@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+import warnings
+
 import numpy as np
 
 from .mixture import Mixture, ScheduledMixture
@@ -19,6 +21,12 @@ from .permute import IndexPermutation, derive_key
 from .schedule import Schedule, resume_horizon
 
 EXHAUSTION_POLICIES = ("repeat", "stop", "fill")
+
+
+class PartialPassWarning(UserWarning):
+    """A finite pass (``exhaustion="stop"`` / ``"fill"``) ends, at its mixture weights, before some datasets
+    were read whole: it stops when the first dataset runs out. The message names the datasets and how many of
+    their samples are left unread."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,8 @@ class WorkSource:
         self.total_positions = None if self.pass_positions is None else \
             -(-self.pass_positions // self.fill_multiple) * self.fill_multiple
         self.fill_positions = 0 if self.total_positions is None else self.total_positions - self.pass_positions
+        if self.pass_positions is not None:
+            self._warn_partial_pass()
         self._pass_layout = lru_cache(maxsize=64)(self._pass_layout_uncached)
         self._shard_perm = lru_cache(maxsize=4096)(self._shard_perm_uncached)
 
@@ -216,6 +226,27 @@ class WorkSource:
                     hi = mid
             limits.append(lo)
         return min(limits)
+
+    def unread_samples(self) -> list[int] | None:
+        """Per dataset, the samples one finite pass leaves unread (its size minus its draws among the pass's
+        positions: closed form, no pointer is made); None for an endless stream."""
+        if self.pass_positions is None:
+            return None
+        return [n - self.mixture.count(d, self.pass_positions) for d, n in enumerate(self.sizes)]
+
+    def _warn_partial_pass(self) -> None:
+        """Say (``PartialPassWarning``) which datasets a finite pass leaves partly unread, and how to read them."""
+        unread = self.unread_samples()
+        left = [(d, k) for d, k in enumerate(unread) if k > 0]
+        if not left:
+            return
+        first = [self.datasets[d].name for d, k in enumerate(unread) if k == 0]
+        what = ", ".join(f"{self.datasets[d].name!r} {k:,} of {self.sizes[d]:,} samples" for d, k in left)
+        warnings.warn(f"exhaustion={self.exhaustion!r}: one pass at weights {_fmt(self.mixture.weights)} ends after "
+                      f"{self.pass_positions:,} samples, when {', '.join(map(repr, first))} runs out; left unread: "
+                      f"{what}. For every sample once, use weights proportional to the dataset sizes "
+                      f"({self.sizes}); for the weights as given, exhaustion='repeat'", PartialPassWarning,
+                      stacklevel=4)
 
     def _tail(self):
         """``(full_rounds, base, q, r)`` of a finite stream: ``full_rounds`` rounds of whole chunks, then the

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from .base import InlineRunner, Runner, ThreadRunner
 from .processes import ProcessRunner, WorkerDied
+from .guard import UnguardedMainError, check_main_guarded
 
 RUNNERS = ("inline", "threads", "processes")
 
-__all__ = ["RUNNERS", "InlineRunner", "ProcessRunner", "Runner", "ThreadRunner", "WorkerDied", "make_runner"]
+__all__ = ["RUNNERS", "InlineRunner", "ProcessRunner", "Runner", "ThreadRunner", "UnguardedMainError", "WorkerDied",
+           "check_main_guarded", "make_runner"]
 
 
 def make_runner(name: str, stage, num_workers: int = 2) -> Runner:

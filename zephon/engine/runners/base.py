@@ -1,6 +1,7 @@
 """The runner contract and the two in-process runners (``inline``, ``threads``)."""
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 
@@ -48,4 +49,7 @@ class ThreadRunner(Runner):
         return self._pool.submit(self.stage.run, ptrs)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        # A finalizer may run this on one of the pool's own threads (a garbage collection there): it cannot
+        # wait for itself, and its unit finishes anyway.
+        mine = threading.current_thread() in getattr(self._pool, "_threads", ())
+        self._pool.shutdown(wait=not mine, cancel_futures=True)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from .. import shm
 from .base import Runner
+from .guard import UnguardedMainError, check_main_guarded
 from .worker import recv_msg, send_msg
 
 log = logging.getLogger("zephon")
@@ -112,6 +113,7 @@ class ProcessRunner(Runner):
 
     def __init__(self, stage, num_workers: int = 2, *, max_restarts: int = 3,
                  shm_threshold: int | None = shm.DEFAULT_THRESHOLD, prefetch: int = 2):
+        check_main_guarded()  # an unguarded script would run again in every worker: refuse, naming the fix
         super().__init__(stage, max(1, num_workers))
         self.capacity = 2 * self.num_workers
         self.max_restarts = max_restarts
@@ -127,7 +129,8 @@ class ProcessRunner(Runner):
                           f"function must be importable there (a module-level def, not a lambda, closure or "
                           f"method of a local object); operators on workers: {ops or '?'}; pickle said: {e}") from e
         self._prep = _preparation_data()
-        self._lock = threading.Lock()
+        # Reentrant: close() may run from a finalizer (a garbage collection) on the manager thread holding it.
+        self._lock = threading.RLock()
         self._tasks: dict[int, _Task] = {}
         self._backlog: deque = deque()
         self._workers: list[_Worker] = []
@@ -278,6 +281,9 @@ class ProcessRunner(Runner):
             if msg[0] == "ok":
                 _, tid, res, size, has_fd = msg
                 res.records = shm.unpack(res.records, shm.recv_fd(w.sock) if has_fd else None, size)
+            elif msg[0] == "fatal" and msg[3:] == ("unguarded",):
+                self._fail_all(UnguardedMainError(msg[2]))
+                return
             elif msg[0] == "fatal":
                 self._fail_all(WorkerDied(f"processes runner: worker pid {msg[1]} could not load the pipeline "
                                           f"(datasets and operators): {msg[2]}\nOperators' functions must be "

@@ -19,6 +19,8 @@ import sys
 import threading
 import traceback
 
+from .guard import UnguardedMainError, importing_main
+
 PR_SET_PDEATHSIG = 1
 POLL_PARENT_S = 0.5
 _HEADER = struct.Struct("!Q")
@@ -76,7 +78,8 @@ def _prepare(prep: dict) -> None:
     """What ``multiprocessing.spawn.prepare`` does for unpickling: the parent's sys.path, argv, working
     directory and main module (as ``__mp_main__``, so functions defined in a script unpickle)."""
     from multiprocessing import spawn
-    spawn.prepare(prep)
+    with importing_main(prep.get("init_main_from_path") or prep.get("init_main_from_name") or "__main__"):
+        spawn.prepare(prep)
 
 
 def _picklable(exc: BaseException) -> BaseException:
@@ -117,7 +120,12 @@ def main() -> None:
     except (EOFError, OSError):
         os._exit(0)
     except BaseException as e:  # noqa: BLE001 (reported to the parent, which raises it)
-        send_msg(sock, ("fatal", os.getpid(), f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        unguarded = isinstance(e, UnguardedMainError)  # the parent raises it as such, naming the fix
+        try:
+            send_msg(sock, ("fatal", os.getpid(), str(e), "unguarded") if unguarded else
+                     ("fatal", os.getpid(), f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        except OSError:
+            pass  # the parent is gone or already stopped the pool (another worker's report)
         os._exit(1)
     tasks: queue.SimpleQueue = queue.SimpleQueue()
     threading.Thread(target=_read_tasks, args=(sock, tasks), daemon=True, name="zephon-task-reader").start()

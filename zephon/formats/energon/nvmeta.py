@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import DataError
+from ..errors import DamagedIndexError, DataError
 from ..remote import is_remote, probe
 from .braces import braceexpand
 from .fields import split_field_access
@@ -37,7 +37,8 @@ def is_energon_source(source) -> bool:
     if is_remote(s):
         base = s.rstrip("/") + "/" + MAIN_FOLDER + "/"
         return probe(base + INFO_JSON) or probe(base + INFO_YAML)
-    return os.path.isdir(os.path.join(s, MAIN_FOLDER))
+    # Existence, not content: a damaged .nv-meta is then reported (read_info) instead of guessed around.
+    return os.path.lexists(os.path.join(s, MAIN_FOLDER))
 
 
 def read_info(root: str) -> dict[str, int]:
@@ -49,6 +50,9 @@ def read_info(root: str) -> dict[str, int]:
     is malformed.
     """
     meta = os.path.join(root, MAIN_FOLDER)
+    if os.path.lexists(meta) and not os.path.isdir(meta):
+        raise DamagedIndexError(f"{MAIN_FOLDER} is not a directory (damaged or half-copied?); run `energon "
+                                f"prepare {root}` again or copy the dataset's {MAIN_FOLDER}/ folder back", path=meta)
     if not os.path.isdir(meta):
         raise DataError(f"not an Energon-prepared dataset: no {MAIN_FOLDER}/ directory; run `energon prepare "
                         f"{root}` (megatron-energon) to index the tar shards and write the split", path=root)
@@ -64,7 +68,8 @@ def read_info(root: str) -> dict[str, int]:
     counts = obj.get("shard_counts") if isinstance(obj, dict) else None
     if not isinstance(counts, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
                                                and v >= 0 for k, v in counts.items()):
-        raise DataError("bad dataset info: expected shard_counts: {shard name: sample count >= 0}", path=path)
+        raise DamagedIndexError("bad dataset info: expected shard_counts: {shard name: sample count >= 0}",
+                                path=path)
     return dict(counts)
 
 

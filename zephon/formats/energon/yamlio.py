@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from ..errors import DataError
+from ..errors import DamagedIndexError, DataError
 
 
 def _cast_scalar(s: str):
@@ -84,7 +84,8 @@ def read_config_file(path: str):
         except OSError as e:
             raise DataError(f"cannot read: {e.strerror or e}", path=path) from None
         except ValueError as e:
-            raise DataError(f"invalid JSON: {e}", path=path) from None
+            raise DamagedIndexError(f"invalid JSON ({e}): the file is damaged or truncated; run `energon prepare` "
+                            f"again or copy it back", path=path) from None
     if path.endswith(".yaml"):
         return read_yaml_file(path)
     raise DataError("config file must end in .yaml or .json", path=path)

@@ -20,13 +20,14 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..codecs import mds_codec
-from ..errors import DataError
+from ..errors import DamagedIndexError, DataError
 from ..remote import is_remote, probe
 from .encodings import UNSAFE_ENCODINGS, column_codec
 
 INDEX_BASENAME = "index.json"
+# a folder with index.json is taken for MDS: a damaged index says how to read the folder otherwise
+_NOT_MDS = " (a folder with an index.json is read as MDS; if its files are JSON Lines, pass format='jsonl')"
 FORMAT = "mds"
-_MAX_DETECT_BYTES = 256 << 20  # an index.json larger than this is not parsed just to detect the format
 
 
 @dataclass(frozen=True)
@@ -106,18 +107,23 @@ def parse_index(index_path: str, allow_unsafe_types: bool = False,
     except OSError as e:
         raise DataError(f"cannot read index: {e.strerror or e}", path=index_path) from None
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise DataError(f"bad index.json: not valid JSON ({e})", path=index_path) from None
+        raise DamagedIndexError(f"bad index.json: not valid JSON ({e}); the file is damaged or truncated: copy it "
+                                f"again or rewrite the dataset with streaming.MDSWriter{_NOT_MDS}",
+                                path=index_path) from None
     if not isinstance(obj, dict) or not isinstance(obj.get("shards"), list):
-        raise DataError("bad index.json: expected an object with a 'shards' list", path=index_path)
+        found = (f"an object with keys {sorted(obj)[:10]}" if isinstance(obj, dict)
+                 else f"a JSON {type(obj).__name__}")
+        raise DamagedIndexError(f"bad index.json: expected an object with a 'shards' list (as streaming.MDSWriter "
+                                f"writes), found {found}{_NOT_MDS}", path=index_path)
     if obj.get("version") != 2:
-        raise DataError(f"bad index.json: version {obj.get('version')!r} (MDS index version 2 expected)",
-                        path=index_path)
+        raise DamagedIndexError(f"bad index.json: version {obj.get('version')!r} (MDS index version 2 expected)",
+                                path=index_path)
     metas = []
     for i, s in enumerate(obj["shards"]):
         try:
             metas.append(_parse_shard(index_path, s))
         except (ValueError, TypeError, KeyError) as e:
-            raise DataError(f"bad index.json entry: {e}", path=index_path, shard=i) from None
+            raise DamagedIndexError(f"bad index.json entry: {e}", path=index_path, shard=i) from None
         if not allow_unsafe_types:
             for name, enc in zip(metas[-1].column_names, metas[-1].column_encodings):
                 if enc in UNSAFE_ENCODINGS and (columns is None or name in columns):
@@ -209,24 +215,14 @@ def _splits_of(root: str) -> list[str]:
     return [n for n in names if os.path.isfile(os.path.join(root, n, INDEX_BASENAME))]
 
 
-def _looks_like_index(path: str) -> bool:
-    """Whether ``path`` holds a streaming index: a JSON object with ``version`` and a ``shards`` list."""
-    try:
-        if os.path.getsize(path) > _MAX_DETECT_BYTES:
-            return False
-        with open(path, "rb") as f:
-            obj = json.loads(f.read())
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
-        return False
-    return isinstance(obj, dict) and "version" in obj and isinstance(obj.get("shards"), list)
-
-
 def is_mds_source(source, split: str | None = None) -> bool:
-    """Whether ``source`` looks like an MDS dataset, for format auto-detection. Cheap and never raises.
+    """Whether ``source`` is an MDS dataset, for format auto-detection. Cheap and never raises.
 
     source: what ``open_dataset`` was given. split: a split name (then True: only MDS has splits).
-    True for a directory (or object-storage URL) holding a streaming ``index.json`` (a JSON object with
-    ``version`` and a ``shards`` list), such an index file itself, or a root whose split directories hold one.
+    True for a directory (or object-storage URL) holding an ``index.json``, such an index file itself, or a
+    root whose split directories hold one. The file's content is not looked at: a damaged index is then
+    reported by ``parse_index`` (naming the file and what is wrong) instead of the folder being guessed to be
+    JSON Lines.
     """
     if split is not None:
         return True
@@ -240,13 +236,9 @@ def is_mds_source(source, split: str | None = None) -> bool:
         url = s.rstrip("/")
         return probe(url if url.endswith("/" + INDEX_BASENAME) else url + "/" + INDEX_BASENAME)
     if os.path.isdir(s):
-        if _looks_like_index(os.path.join(s, INDEX_BASENAME)):
-            return True
-        # a root of splits: open_mds then asks for split= (naming them) instead of the index files
-        # being read as JSON Lines
-        return not os.path.isfile(os.path.join(s, INDEX_BASENAME)) and \
-            any(_looks_like_index(os.path.join(s, n, INDEX_BASENAME)) for n in _splits_of(s))
-    return os.path.basename(s) == INDEX_BASENAME and os.path.isfile(s) and _looks_like_index(s)
+        # a root of splits: open_mds then asks for split= (naming them)
+        return os.path.exists(os.path.join(s, INDEX_BASENAME)) or bool(_splits_of(s))
+    return os.path.basename(s) == INDEX_BASENAME and os.path.isfile(s)
 
 
 def data_file(meta: ShardMeta) -> str | None:

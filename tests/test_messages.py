@@ -1,0 +1,68 @@
+"""Messages say what is wrong and what to do (issue 28, item 7): an Energon sample's field map read by Decode, a
+checkpoint missing a field or made of garbage, a tokenizer file that is not there."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from zephon import Batch, CheckpointError, DataError, Decode, Loader, open_dataset
+from zephon.cli import main
+
+
+def test_decode_reads_an_energon_samples_field_map(tmp_path):
+    from energon_data import text_dataset
+
+    root, expected = text_dataset(str(tmp_path))
+    ds = open_dataset(root, split_part="train")
+    with Loader([ds], [Decode("text"), Batch(1)], canonical_replicas=1, exhaustion="stop", shuffle=False,
+                runner="inline") as L:
+        texts = [mb["text"][0] for mb in L]
+    # the field map says text: txt; write_text_tars wrote "text sample {i} ..." into key t{i:04d}'s txt part
+    want = sorted(f"text sample {int(k[1:])} \u00e9\u4e2d" for k in expected["train"])
+    assert sorted(texts) == want
+    with Loader([ds], [Decode("caption"), Batch(1)], canonical_replicas=1, exhaustion="stop",
+                runner="inline") as L:
+        with pytest.raises(DataError, match=r"missing field 'caption'.*field_map fields: \['text'\].*parts: "
+                                            r"\['txt'\]"):
+            next(iter(L))
+
+
+@pytest.fixture
+def state(tmp_path):
+    p = tmp_path / "a.jsonl"
+    p.write_text("".join(json.dumps({"text": f"d{i}"}) + "\n" for i in range(40)))
+    L = Loader([open_dataset(str(p))], [Decode("text"), Batch(1)], canonical_replicas=2, runner="inline")
+    it = iter(L)
+    for _ in range(5):
+        next(it)
+    return L, L.checkpoint()
+
+
+def test_checkpoint_without_lanes_sha256_says_it_is_missing(state):
+    L, st = state
+    del st["lanes_sha256"]
+    with pytest.raises(CheckpointError, match="missing field.*'lanes_sha256'"):
+        L.restore(st)
+
+
+@pytest.mark.parametrize("garbage", [{"format": "zephon-checkpoint/1"},
+                                     {"format": "zephon-checkpoint/1", "fingerprint": 7, "config": [], "lanes": "x",
+                                      "lanes_sha256": None}])
+def test_garbage_checkpoint_says_what_is_wrong(state, garbage):
+    L, st = state
+    with pytest.raises(CheckpointError) as e:
+        L.restore(copy.deepcopy(garbage))
+    msg = str(e.value)
+    assert "algorithm version" not in msg and "damaged checkpoint" in msg
+    for k in ("fingerprint", "config", "lanes", "lanes_sha256"):
+        assert repr(k) in msg
+
+
+def test_missing_tokenizer_file_is_named_as_missing(tmp_path, capsys):
+    data = tmp_path / "a.jsonl"
+    data.write_text("".join(json.dumps({"text": f"d{i}"}) + "\n" for i in range(8)))
+    rc = main(["verify", "--data", str(data), "--tokenizer", "nonexist.json", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "'nonexist.json' does not exist" in err
