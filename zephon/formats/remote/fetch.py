@@ -132,29 +132,35 @@ class Fetcher:
 
     def read_all(self, url: str) -> bytes:
         """The whole of object ``url`` in memory (small metadata files)."""
+        return self.read_object(url)[0]
+
+    def read_object(self, url: str) -> tuple[bytes, str]:
+        """``(bytes, ETag)`` of the whole object ``url`` (ETag "" when the store gives none)."""
         import io
 
         def attempt(b, d):
             buf = io.BytesIO()
-            b.stream(url, buf, d)
-            return buf.getvalue()
-        data = self.run(url, "download", attempt)
+            etag = b.stream(url, buf, d).etag
+            return buf.getvalue(), etag
+        data, etag = self.run(url, "download", attempt)
         count(downloads=1, downloaded_bytes=len(data))
-        return data
+        return data, etag
 
-    def download(self, url: str, out: BinaryIO, size: int | None = None) -> int:
-        """Object ``url`` into the seekable file ``out`` (rewound for each attempt); returns its size.
+    def download(self, url: str, out: BinaryIO, size: int | None = None) -> ObjectInfo:
+        """Object ``url`` into the seekable file ``out`` (rewound for each attempt); returns its size and the
+        ETag of what was read.
 
         size: the size expected (from an index or HEAD): more bytes fail the attempt, fewer raise RemoteError.
         """
         def attempt(b, d):
             out.seek(0)
             return b.stream(url, out, d, size)
-        n = self.run(url, "download", attempt)
-        if size is not None and n != size:
-            raise RemoteError(url, f"download returned {n} bytes, {size} expected (object changed or truncated)")
-        count(downloads=1, downloaded_bytes=n)
-        return n
+        got = self.run(url, "download", attempt)
+        if size is not None and got.size != size:
+            raise RemoteError(url, f"download returned {got.size} bytes, {size} expected (object changed or "
+                                   f"truncated)")
+        count(downloads=1, downloaded_bytes=got.size)
+        return got
 
     def list(self, url: str) -> list[ObjectInfo]:
         """Objects below the prefix ``url`` (all depths), sorted by URL."""
