@@ -36,9 +36,10 @@ def add_format_args(p: argparse.ArgumentParser) -> None:
 def source_format(args, source: str) -> str | None:
     """The format ``source`` will be opened as: ``--format``, else detected (None: JSONL/Parquet files)."""
     from .formats.registry import detect_format
+    from .formats.remote import detection_fetcher
 
     fmt = getattr(args, "format", None)
-    return fmt if fmt is not None else detect_format(source)
+    return fmt if fmt is not None else detect_format(source, fetcher=detection_fetcher(vars(args)))
 
 
 def local_for(args, index: int) -> str | None:

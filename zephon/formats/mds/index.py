@@ -221,10 +221,12 @@ def _looks_like_index(path: str) -> bool:
     return isinstance(obj, dict) and "version" in obj and isinstance(obj.get("shards"), list)
 
 
-def is_mds_source(source, split: str | None = None) -> bool:
-    """Whether ``source`` looks like an MDS dataset, for format auto-detection. Cheap and never raises.
+def is_mds_source(source, split: str | None = None, fetcher=None) -> bool:
+    """Whether ``source`` looks like an MDS dataset, for format auto-detection. Cheap; raises only for a
+    store that does not answer (RemoteError naming the URL).
 
     source: what ``open_dataset`` was given. split: a split name (then True: only MDS has splits).
+    fetcher: the ``remote.Fetcher`` of the open (its retries and timeout bound the HEAD of a URL).
     True for a directory (or object-storage URL) holding a streaming ``index.json`` (a JSON object with
     ``version`` and a ``shards`` list), such an index file itself, or a root whose split directories hold one.
     """
@@ -238,7 +240,7 @@ def is_mds_source(source, split: str | None = None) -> bool:
         return False
     if is_remote(s):  # one HEAD request: an index.json at the URL
         url = s.rstrip("/")
-        return probe(url if url.endswith("/" + INDEX_BASENAME) else url + "/" + INDEX_BASENAME)
+        return probe(url if url.endswith("/" + INDEX_BASENAME) else url + "/" + INDEX_BASENAME, fetcher)
     if os.path.isdir(s):
         if _looks_like_index(os.path.join(s, INDEX_BASENAME)):
             return True

@@ -89,7 +89,8 @@ class S3Backend:
                 session, creds, self._creds = s3_session()
                 endpoint, _ = s3_endpoint()
                 cfg = Config(connect_timeout=self.timeout, read_timeout=self.timeout, max_pool_connections=64,
-                             retries={"total_max_attempts": 1},  # fetch retries, with its own backoff
+                             # no retries of botocore's own: fetch retries, with its backoff, inside one bound
+                             retries={"total_max_attempts": 1, "mode": "standard"},
                              signature_version=botocore.UNSIGNED if creds is None else None)
                 self._client = session.client("s3", endpoint_url=endpoint, config=cfg,
                                               region_name=session.region_name or DEFAULT_REGION)

@@ -167,9 +167,22 @@ class Fetcher:
         return self.run(url, "list", lambda b, d: b.list(url))
 
 
-def probe(url: str) -> bool:
-    """Whether object ``url`` exists, for format detection: one quick try, never raising (False on any failure)."""
+def detection_fetcher(keywords: dict) -> Fetcher:
+    """The ``Fetcher`` of an open's ``download_retry`` / ``download_timeout`` keywords (absent or None: 2, 60 s)."""
+    retries, timeout = keywords.get("download_retry"), keywords.get("download_timeout")
+    return Fetcher(2 if retries is None else retries, 60.0 if timeout is None else timeout)
+
+
+def probe(url: str, fetcher: Fetcher | None = None) -> bool:
+    """Whether object ``url`` exists, for format detection: a HEAD with the dataset's own bound.
+
+    fetcher: the dataset's ``Fetcher`` (its download_retry / download_timeout); None: the defaults (2, 60 s).
+    False when the object is missing or the credentials are refused (the open that follows names the
+    cause); raises RemoteTimeout / RemoteError naming the URL when the store does not answer, so detection
+    costs at most one request's bound, never one per format probed.
+    """
     try:
-        return Fetcher(retries=0, timeout=30.0).exists(url)
-    except Exception:
+        (fetcher or Fetcher()).run(url, "HEAD (format detection)", lambda b, d: b.head(url))
+        return True
+    except (ObjectMissing, AccessDenied):
         return False
