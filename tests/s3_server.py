@@ -79,11 +79,15 @@ class FaultProxy:
 
     mode: "pass" (forward), "slow" (hold each response chunk ``delay`` seconds), "hang" (read requests, never
     answer). Connections are served by daemon threads; ``close()`` stops listening and drops them.
+    target_endpoint None: no server behind, a plain socket server that accepts, reads and never answers.
     """
 
-    def __init__(self, target_endpoint: str, mode: str = "pass", delay: float = 0.0):
-        host, port = target_endpoint.rsplit("//", 1)[1].split(":")
-        self.target = (host, int(port))
+    def __init__(self, target_endpoint: str | None, mode: str = "pass", delay: float = 0.0):
+        if target_endpoint is None:
+            self.target = None
+        else:
+            host, port = target_endpoint.rsplit("//", 1)[1].split(":")
+            self.target = (host, int(port))
         self.mode, self.delay = mode, delay
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
@@ -103,6 +107,13 @@ class FaultProxy:
             threading.Thread(target=self._serve, args=(c,), daemon=True).start()
 
     def _serve(self, c: socket.socket):
+        if self.target is None:  # silent: read whatever comes, answer nothing
+            try:
+                while c.recv(65536):
+                    pass
+            except OSError:
+                pass
+            return
         try:
             up = socket.create_connection(self.target, timeout=30)
         except OSError:

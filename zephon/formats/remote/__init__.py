@@ -22,6 +22,6 @@ REMOTE_KEYWORDS = ("local", "download_retry", "download_timeout", "cache_limit")
 
 __all__ = ["AccessDenied", "CacheConflict", "CacheFull", "CachedFile", "FSSPEC_SCHEMES", "Fetcher", "LocalCache",
            "ObjectChanged", "ObjectInfo", "ObjectMissing", "REMOTE_KEYWORDS", "RangeFile", "RangePread", "RemoteError",
-           "RemoteRoot", "RemoteTimeout", "SCHEMES", "basename", "cache_key", "check_digest", "default_local", "detection_fetcher",
-           "evictable", "glob_match", "glob_prefix", "has_magic", "hashing_writer", "is_remote", "join", "local_path",
-           "parse_size", "pinned", "probe", "relative", "split_url", "stats"]
+           "RemoteRoot", "RemoteTimeout", "SCHEMES", "basename", "cache_key", "check_digest", "default_local",
+           "detection_fetcher", "evictable", "glob_match", "glob_prefix", "has_magic", "hashing_writer", "is_remote",
+           "join", "local_path", "parse_size", "pinned", "probe", "relative", "split_url", "stats"]
