@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import threading
 import time
 import urllib.request
 
 BUCKET = "zephon-test"
+_REQUEST_LINE = re.compile(rb"(?:^|\r\n)(GET|HEAD|PUT|POST|DELETE) (\S+) HTTP/1\.[01]\r\n")
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
@@ -94,6 +96,7 @@ class FaultProxy:
         self.sock.listen(64)
         self.endpoint = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.conns: list[socket.socket] = []
+        self.requests: list[tuple[str, str]] = []   # (method, path) of every request forwarded: a counter
         self.closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -129,6 +132,8 @@ class FaultProxy:
                 data = src.recv(65536)
                 if not data:
                     break
+                if not response:
+                    self.requests.extend((m.decode(), p.decode()) for m, p in _REQUEST_LINE.findall(data))
                 if response and self.mode == "hang":
                     continue  # swallow: the client waits for an answer that never comes
                 if response and self.mode == "slow":
