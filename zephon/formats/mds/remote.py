@@ -17,6 +17,7 @@ from ..base import ShardInfo
 from ..codecs import iter_blocks, mds_codec
 from ..errors import DataError
 from ..remote import AccessDenied, ObjectMissing, RemoteRoot, check_digest, hashing_writer, join
+from ..remote.readahead import ReadAhead, has_room
 from ..remote.root import unchanged
 from .index import FORMAT, INDEX_BASENAME, ShardMeta, parse_index
 from .integrity import hasher
@@ -26,8 +27,21 @@ class RemoteShards:
     """How an ``MdsDataset`` at a URL gets its shards: the ``RemoteRoot`` of its split, ``keep_zip`` and
     ``validate_hash``. Picklable."""
 
-    def __init__(self, root: RemoteRoot, keep_zip: bool, validate_hash: str | None):
+    def __init__(self, root: RemoteRoot, keep_zip: bool, validate_hash: str | None, read_ahead: int = 4):
         self.root, self.keep_zip, self.validate_hash = root, bool(keep_zip), validate_hash
+        self.ahead = ReadAhead(read_ahead)
+
+    def prefetch(self, metas, shards) -> None:
+        """Fetch shards ``shards`` (indexes into ``metas``, in the order they will be read) in the background
+        (``remote.readahead``), skipping cached ones and any that would need an eviction."""
+        for s in shards:
+            self.ahead.submit(s, lambda m=metas[s], s=s: self._ahead_one(m, s))
+
+    def _ahead_one(self, meta: ShardMeta, shard: int) -> None:
+        if self.root.fresh(meta.raw.basename, self._want(meta)):
+            return
+        if has_room(self.root.cache, meta.raw.bytes + (meta.zip.bytes if meta.zip is not None else 0)):
+            self.ensure(meta, shard)
 
     def start_predownload(self, metas, samples: int) -> None:
         """Once per process: a daemon thread downloads shards in index order until they hold ``samples``
@@ -47,8 +61,7 @@ class RemoteShards:
             done += meta.samples
             if self.root.fresh(meta.raw.basename, self._want(meta)):
                 continue
-            need = meta.raw.bytes + (meta.zip.bytes if meta.zip is not None else 0)
-            if cache.limit is not None and cache.usage() + need > cache.limit:
+            if not has_room(cache, meta.raw.bytes + (meta.zip.bytes if meta.zip is not None else 0)):
                 return
             try:
                 self.ensure(meta, shard)

@@ -42,6 +42,7 @@ _METADATA_SUFFIXES = (".tar.idx", ".lock")
 _TMP = re.compile(r"^\.(.+)\.(\d+)\.[0-9a-f]{8}\.tmp$")   # fileio.atomic_writer's temporary names (and scratch)
 _POLL = 0.02        # seconds between tries of a lock held elsewhere
 _thread_locks: dict = {}
+_mode = threading.local()   # no_eviction: this thread's downloads take free room only
 _thread_locks_guard = threading.Lock()
 
 
@@ -54,6 +55,18 @@ def evictable(rel: str) -> bool:
     parts = rel.replace(os.sep, "/").split("/")
     return not any(p.startswith(".") for p in parts) and parts[-1] not in _METADATA_NAMES and \
         not parts[-1].endswith(_METADATA_SUFFIXES)
+
+
+@contextlib.contextmanager
+def no_eviction() -> Iterator[None]:
+    """Downloads of this thread inside the block never evict: without free room they raise CacheFull (what
+    read-ahead wants: it must not push out what readers are about to use)."""
+    before = getattr(_mode, "no_eviction", False)
+    _mode.no_eviction = True
+    try:
+        yield
+    finally:
+        _mode.no_eviction = before
 
 
 def _thread_lock(key: str) -> threading.Lock:
@@ -221,6 +234,11 @@ class LocalCache:
             raise CacheFull(url, f"needs {need} bytes in the cache, more than cache_limit={self.limit}")
         deadline = time.monotonic() + self.wait
         with _flock(self._lock_path("space"), self.wait, url):
+            if getattr(_mode, "no_eviction", False):
+                used = self.usage()
+                if used + need > self.limit:
+                    raise CacheFull(url, f"read-ahead skipped: {need} bytes do not fit under cache_limit="
+                                         f"{self.limit} without an eviction ({used} bytes cached)")
             while True:
                 used, in_use = self._make_room(need)
                 if used + need <= self.limit:
