@@ -80,11 +80,16 @@ class FaultProxy:
     """A TCP proxy on 127.0.0.1 in front of ``target`` (host, port) that can misbehave.
 
     mode: "pass" (forward), "slow" (hold each response chunk ``delay`` seconds), "hang" (read requests, never
-    answer). Connections are served by daemon threads; ``close()`` stops listening and drops them.
+    answer), "latency" (hold each request ``delay`` seconds before forwarding it: a distant store; with
+    ``bandwidth`` bytes/s per connection for responses, None: unlimited). Connections are served by daemon
+    threads; ``close()`` stops listening and drops them. ``requests``: (method, path) of every request.
     target_endpoint None: no server behind, a plain socket server that accepts, reads and never answers.
+    benchmarks/latency.py uses it too.
     """
 
-    def __init__(self, target_endpoint: str | None, mode: str = "pass", delay: float = 0.0):
+    def __init__(self, target_endpoint: str | None, mode: str = "pass", delay: float = 0.0,
+                 bandwidth: float | None = None):
+        self.bandwidth = bandwidth
         if target_endpoint is None:
             self.target = None
         else:
@@ -133,7 +138,12 @@ class FaultProxy:
                 if not data:
                     break
                 if not response:
-                    self.requests.extend((m.decode(), p.decode()) for m, p in _REQUEST_LINE.findall(data))
+                    seen = [(m.decode(), p.decode()) for m, p in _REQUEST_LINE.findall(data)]
+                    self.requests.extend(seen)
+                    if self.mode == "latency" and seen:
+                        time.sleep(self.delay * len(seen))
+                elif self.bandwidth:
+                    time.sleep(len(data) / self.bandwidth)
                 if response and self.mode == "hang":
                     continue  # swallow: the client waits for an answer that never comes
                 if response and self.mode == "slow":
