@@ -4,9 +4,11 @@
 directory on both sides); each shard is downloaded into ``local`` on its first read, by one thread of one
 process at a time. A compressed shard (``zip_data``) is downloaded and decompressed into its raw file there;
 the compressed copy is kept only with ``keep_zip``. ``validate_hash`` checks what was downloaded (and the
-decompressed bytes) before it becomes visible, so a corrupted object never enters the cache. A raw shard
-already in ``local`` with its indexed size is used as it is (e.g. left by a streaming run). Readers read
-the cached copy while pinned (``remote.cache``), so ``cache_limit`` eviction never removes a shard being read.
+decompressed bytes) before it becomes visible, so a corrupted object never enters the cache, and a cached
+copy once per process before its first use. A cached shard is used only when the cache's manifest says it
+is the object listed (ETag) and indexed (size, hashes) now (``remote.manifest``); anything else is fetched
+again. Readers read the cached copy while pinned (``remote.cache``), so ``cache_limit`` eviction never
+removes a shard being read. Shards the core will read next are fetched ahead (``prefetch``, ``read_ahead``).
 """
 from __future__ import annotations
 
