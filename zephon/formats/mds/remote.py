@@ -107,8 +107,7 @@ class RemoteShards:
         with cache.lock(raw, zip_url):
             if root.fresh(raw, want, check):
                 return cache.path(raw)
-            if cache.entry(raw) is not None:
-                cache.record(raw, None)
+            cache.disown(raw)
             with cache.writing([(raw, meta.raw.bytes), (None, meta.zip.bytes)], zip_url) as (rf, zf):
                 zmake, zexpected = self._check(meta.zip)
                 w = hashing_writer(zf, zmake() if zmake else None)

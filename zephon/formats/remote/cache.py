@@ -161,6 +161,14 @@ class LocalCache:
         """The manifest entry of cached file ``rel`` (None: not owned by the cache)."""
         return self.manifest.entry(rel)
 
+    def disown(self, rel: str) -> None:
+        """Before ``rel`` is fetched again (call under its download lock): drop its manifest entry and remove
+        the stale copy, so readers wait on the lock meanwhile and a failed download leaves no file the cache
+        no longer owns. A file the manifest does not list (not the cache's) is left alone."""
+        if self.entry(rel) is not None:
+            self.record(rel, None)
+            _unlink(self.path(rel))
+
     def record(self, rel: str, entry: dict | None) -> None:
         """Set (or with None remove) the manifest entry of ``rel``."""
         self.forget_all({rel: entry})

@@ -155,8 +155,7 @@ class RemoteRoot:
             return path
         with self.cache.lock(rel, want["url"]):
             if not self.fresh(rel, want, check):
-                if self.cache.entry(rel) is not None:  # readers wait on the lock while the copy is replaced
-                    self.cache.record(rel, None)
+                self.cache.disown(rel)
                 with self.cache.writing([(rel, size)], want["url"]) as (f,):
                     w = _Hashing(f, hasher() if hasher is not None else None)
                     got = self.fetcher.download(want["url"], w, size)
