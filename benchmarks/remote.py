@@ -70,34 +70,54 @@ def child(which: str, url: str, local: str) -> dict:
     return {"first": first, "samples": n, "seconds": total, "rate": n / total}
 
 
-def main(workdir: str, quick: bool) -> str:
-    """Run the comparison (``quick``: a quarter of the samples), print the table, write it into the doc."""
+def start_moto() -> tuple[subprocess.Popen, dict]:
+    """moto's S3 server in its own process on a free port of 127.0.0.1, with bucket ``bench``:
+    ``(process, environment for clients)`` (test credentials, ``S3_ENDPOINT_URL``)."""
     env = dict(os.environ, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
     port = _free_port()
     env["S3_ENDPOINT_URL"] = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.time() > deadline:
+                server.terminate()
+                raise
+            time.sleep(0.1)
+    s3_client(env).create_bucket(Bucket="bench")
+    return server, env
+
+
+def s3_client(env: dict):
+    """A boto3 client of the benchmark's server."""
+    import boto3
+    return boto3.client("s3", endpoint_url=env["S3_ENDPOINT_URL"], region_name="us-east-1",
+                        aws_access_key_id="bench", aws_secret_access_key="bench")
+
+
+def upload(env: dict, src: str, prefix: str) -> int:
+    """Upload every file below ``src`` to ``s3://bench/<prefix>/``; returns the bytes uploaded."""
+    c, size = s3_client(env), 0
+    for d, _, fs in os.walk(src):
+        for f in fs:
+            full = os.path.join(d, f)
+            c.upload_file(full, "bench", f"{prefix}/{os.path.relpath(full, src).replace(os.sep, '/')}")
+            size += os.path.getsize(full)
+    return size
+
+
+def main(workdir: str, quick: bool) -> str:
+    """Run the comparison (``quick``: a quarter of the samples), print the table, write it into the doc."""
+    server, env = start_moto()
     tmp = Path(tempfile.mkdtemp(prefix="zephon-remote-bench-"))
     try:
-        import boto3
-        deadline = time.time() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.1)
         n = 5_000 if quick else 20_000
         src = _dataset(tmp, n)
-        c = boto3.client("s3", endpoint_url=env["S3_ENDPOINT_URL"], region_name="us-east-1",
-                         aws_access_key_id="bench", aws_secret_access_key="bench")
-        c.create_bucket(Bucket="bench")
-        size = 0
-        for f in sorted(os.listdir(src)):
-            c.upload_file(os.path.join(src, f), "bench", f"mds/{f}")
-            size += os.path.getsize(os.path.join(src, f))
+        size = upload(env, src, "mds")
         url = "s3://bench/mds"
         rows = []
         for which in ("zephon", "mosaic"):
@@ -129,13 +149,20 @@ def main(workdir: str, quick: bool) -> str:
 
 
 def _write(table: str) -> None:
+    write_section(START, END, "Remote MDS (S3)",
+                  "Reading an MDS dataset from an S3-compatible server through the local cache (docs/remote.md): "
+                  "cold (empty `local`) and warm (the cold run's cache). One run each on a 2-core machine that other "
+                  "jobs share: expect large run-to-run variation.", table)
+
+
+def write_section(start: str, end: str, title: str, intro: str, table: str) -> None:
+    """Put section ``title`` (``intro``, then ``table``) between the markers ``start`` / ``end`` of
+    docs/benchmarks.md (appended when they are not there yet)."""
     doc = REPO / "docs" / "benchmarks.md"
     text = doc.read_text(encoding="utf-8")
-    section = (f"{START}\n## Remote MDS (S3)\n\nReading an MDS dataset from an S3-compatible server through the local "
-               f"cache (docs/remote.md): cold (empty `local`) and warm (the cold run's cache). One run each on a "
-               f"2-core machine that other jobs share: expect large run-to-run variation.\n\n{table}\n{END}")
-    if START in text and END in text:
-        text = text[:text.index(START)] + section + text[text.index(END) + len(END):]
+    section = f"{start}\n## {title}\n\n{intro}\n\n{table}\n{end}"
+    if start in text and end in text:
+        text = text[:text.index(start)] + section + text[text.index(end) + len(end):]
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     doc.write_text(text, encoding="utf-8")

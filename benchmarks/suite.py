@@ -80,7 +80,8 @@ def main(argv=None) -> int:
         from .loss.run import main as loss_main
         return loss_main(quick=args.quick, write=not args.no_write and (not args.quick or args.write),
                          results=args.results, from_results=args.from_results, workdir=args.workdir)
-    if args.only.strip() in ("packing", "restore", "remote", "freethreaded"):  # their own tables (packing.py, ...)
+    own_tables = ("packing", "restore", "remote", "latency", "freethreaded")  # their own tables (packing.py, ...)
+    if args.only.strip() in own_tables:
         import importlib
 
         importlib.import_module(f".{args.only.strip()}", __package__).main(args.workdir, args.quick)

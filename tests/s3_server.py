@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import threading
 import time
 import urllib.request
 
 BUCKET = "zephon-test"
+_REQUEST_LINE = re.compile(rb"(?:^|\r\n)(GET|HEAD|PUT|POST|DELETE) (\S+) HTTP/1\.[01]\r\n")
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
@@ -78,18 +80,28 @@ class FaultProxy:
     """A TCP proxy on 127.0.0.1 in front of ``target`` (host, port) that can misbehave.
 
     mode: "pass" (forward), "slow" (hold each response chunk ``delay`` seconds), "hang" (read requests, never
-    answer). Connections are served by daemon threads; ``close()`` stops listening and drops them.
+    answer), "latency" (hold each request ``delay`` seconds before forwarding it: a distant store; with
+    ``bandwidth`` bytes/s per connection for responses, None: unlimited). Connections are served by daemon
+    threads; ``close()`` stops listening and drops them. ``requests``: (method, path) of every request.
+    target_endpoint None: no server behind, a plain socket server that accepts, reads and never answers.
+    benchmarks/latency.py uses it too.
     """
 
-    def __init__(self, target_endpoint: str, mode: str = "pass", delay: float = 0.0):
-        host, port = target_endpoint.rsplit("//", 1)[1].split(":")
-        self.target = (host, int(port))
+    def __init__(self, target_endpoint: str | None, mode: str = "pass", delay: float = 0.0,
+                 bandwidth: float | None = None):
+        self.bandwidth = bandwidth
+        if target_endpoint is None:
+            self.target = None
+        else:
+            host, port = target_endpoint.rsplit("//", 1)[1].split(":")
+            self.target = (host, int(port))
         self.mode, self.delay = mode, delay
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
         self.endpoint = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.conns: list[socket.socket] = []
+        self.requests: list[tuple[str, str]] = []   # (method, path) of every request forwarded: a counter
         self.closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -103,6 +115,13 @@ class FaultProxy:
             threading.Thread(target=self._serve, args=(c,), daemon=True).start()
 
     def _serve(self, c: socket.socket):
+        if self.target is None:  # silent: read whatever comes, answer nothing
+            try:
+                while c.recv(65536):
+                    pass
+            except OSError:
+                pass
+            return
         try:
             up = socket.create_connection(self.target, timeout=30)
         except OSError:
@@ -118,6 +137,13 @@ class FaultProxy:
                 data = src.recv(65536)
                 if not data:
                     break
+                if not response:
+                    seen = [(m.decode(), p.decode()) for m, p in _REQUEST_LINE.findall(data)]
+                    self.requests.extend(seen)
+                    if self.mode == "latency" and seen:
+                        time.sleep(self.delay * len(seen))
+                elif self.bandwidth:
+                    time.sleep(len(data) / self.bandwidth)
                 if response and self.mode == "hang":
                     continue  # swallow: the client waits for an answer that never comes
                 if response and self.mode == "slow":

@@ -17,8 +17,8 @@ def _open_datasets(args) -> list:
     from .formats import open_dataset
 
     out = []
-    for p in args.data:
-        fmt, kw = open_keywords(args, p)
+    for i, p in enumerate(args.data):
+        fmt, kw = open_keywords(args, p, i)
         columns = None if fmt == "energon" else [args.field]
         out.append(open_dataset(p, columns=columns, on_error=args.on_error, **kw))
     return out

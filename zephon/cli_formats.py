@@ -25,7 +25,9 @@ def add_format_args(p: argparse.ArgumentParser) -> None:
                    help="MDS: decode pkl columns; Energon: pickle parts (both run arbitrary code)")
     g.add_argument("--cache-dir", default=None, help="where index caches and decompressed shards go "
                                                      "(default $ZEPHON_CACHE_DIR or ~/.cache/zephon)")
-    g.add_argument("--local", default=None, help="s3:// / gs:// / msc:// sources: the local cache directory")
+    g.add_argument("--local", action="append", default=None,
+                   help="s3:// / gs:// / msc:// sources: the local cache directory; repeat once per --data (in "
+                        "order), or give one for all: each --data then gets its own sub-folder of it")
     g.add_argument("--download-retry", type=int, default=None, help="object storage: re-attempts per request")
     g.add_argument("--download-timeout", type=float, default=None, help="object storage: seconds per attempt")
     g.add_argument("--cache-limit", default=None, help="object storage: bytes the cache may hold (e.g. 10gb)")
@@ -34,13 +36,35 @@ def add_format_args(p: argparse.ArgumentParser) -> None:
 def source_format(args, source: str) -> str | None:
     """The format ``source`` will be opened as: ``--format``, else detected (None: JSONL/Parquet files)."""
     from .formats.registry import detect_format
+    from .formats.remote import detection_fetcher
 
     fmt = getattr(args, "format", None)
-    return fmt if fmt is not None else detect_format(source)
+    return fmt if fmt is not None else detect_format(source, fetcher=detection_fetcher(vars(args)))
 
 
-def open_keywords(args, source: str) -> tuple[str | None, dict]:
-    """``(format, open_dataset keywords)`` for ``source`` from the flags the user gave.
+def local_for(args, index: int) -> str | None:
+    """The cache folder of the ``index``-th dataset (``--data``, or ``path`` for ``inspect``): its own ``--local``
+    when one is given per dataset; ``<local>/<hash of the source>`` when one ``--local`` serves several (a cache
+    folder holds one remote source, docs/remote.md); None without ``--local``. Raises SystemExit for a count
+    that fits neither."""
+    import os
+
+    from .formats.remote import cache_key
+    given = getattr(args, "local", None)
+    if not given:
+        return None
+    if isinstance(given, str):
+        given = [given]
+    sources = getattr(args, "data", None) or [getattr(args, "path", None)]
+    if len(given) == len(sources):
+        return given[index]
+    if len(given) == 1:
+        return os.path.join(given[0], cache_key(str(sources[index])))
+    raise SystemExit(f"error: {len(given)} --local for {len(sources)} datasets: give one per --data, or one for all")
+
+
+def open_keywords(args, source: str, index: int = 0) -> tuple[str | None, dict]:
+    """``(format, open_dataset keywords)`` for ``source`` (the ``index``-th dataset) from the flags the user gave.
 
     ``--split`` becomes ``split_part`` for an Energon root and ``split`` otherwise (MDS); a flag of another
     format is passed on, so ``open_dataset`` refuses it with a message naming the format that takes it.
@@ -53,9 +77,12 @@ def open_keywords(args, source: str) -> tuple[str | None, dict]:
     pf = getattr(args, "part_filter", None)
     if pf is not None:
         kw["part_filter"] = None if pf == "all" else [x for x in pf.split(",") if x]
-    for name in ("validate_hash", "cache_dir", "local", "download_retry", "download_timeout", "cache_limit"):
+    for name in ("validate_hash", "cache_dir", "download_retry", "download_timeout", "cache_limit"):
         if getattr(args, name, None) is not None:
             kw[name] = getattr(args, name)
+    local = local_for(args, index)
+    if local is not None:
+        kw["local"] = local
     if getattr(args, "allow_unsafe_types", False):
         kw["allow_unsafe_types"] = True
     return fmt, kw

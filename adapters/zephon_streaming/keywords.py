@@ -11,7 +11,7 @@ import math
 import os
 
 from zephon.formats.mds import is_mds_source
-from zephon.formats.remote import SCHEMES, is_remote
+from zephon.formats.remote import SCHEMES, detection_fetcher, is_remote
 
 REMOTE_SCHEMES = ("s3://", "gs://", "oci://", "azure://", "az://", "hf://", "dbfs:", "sftp://", "http://", "https://")
 
@@ -206,7 +206,8 @@ class Stream:
         url = self.remote_url()
         if url is not None:
             base = url.rstrip("/") + (f"/{split}" if split else "")
-            return url, is_mds_source(base + "/index.json")
+            return url, is_mds_source(base + "/index.json", fetcher=detection_fetcher(
+                {"download_retry": self.download_retry, "download_timeout": self.download_timeout}))
         tried = []
         for base in (self.local, self.remote):
             if base is None:

@@ -47,6 +47,9 @@ def carrier_indexes(chain_ops) -> set[int]:
     return out
 
 
+READ_AHEAD_CHUNKS = 2  # chunks past the current one whose shards are hinted to the datasets (read-ahead)
+
+
 class _Carried:
     """The unit that regenerates the records carried into a resumed span (released before anything else)."""
 
@@ -96,6 +99,8 @@ class LanePipeline:
         self.rows: deque = deque()  # (span, row, k) ready for the tail
         # dispatch side
         self.next_chunk, self.start_offset = divmod(first, self.cs)
+        self._ahead: dict = {}   # chunk id -> pointers computed ahead for read-ahead hints
+        self._hinted = 0         # chunks below this one were hinted
         self.cur = None          # ChunkPointers being cut into units
         self.cur_offset = 0
         self.source_done = False
@@ -144,7 +149,7 @@ class LanePipeline:
                 self._enqueue(END)
                 self.source_done = True
                 return
-            self.cur = self.source.chunk(self.lane, self.next_chunk)
+            self.cur = self._chunk_and_hint(runner, n)
             self.cur_offset, self.start_offset = self.start_offset, 0
         pos = self.next_chunk * self.cs + self.cur_offset  # lane-local index of the next pointer
         boundary = (pos // self.span + 1) * self.span       # next flush sentinel
@@ -161,6 +166,25 @@ class LanePipeline:
                 self.source_done = True
             self.cur = None
             self.next_chunk += 1
+
+    def _chunk_and_hint(self, runner, n: int | None):
+        """The pointers of chunk ``next_chunk``; first the shards of it and of the ``READ_AHEAD_CHUNKS`` after it
+        are hinted to the datasets (``WorkStage.hint``: read-ahead in the core's order). Chunks computed ahead
+        are kept until used, so each is computed once."""
+        stage = getattr(runner, "stage", None)
+        last = self.next_chunk + READ_AHEAD_CHUNKS if n is None else min(self.next_chunk + READ_AHEAD_CHUNKS, n - 1)
+        for c in range(max(self.next_chunk, self._hinted), last + 1):
+            if stage is None:
+                break
+            try:
+                ptrs = self.source.chunk(self.lane, c)
+            except Exception:  # past the end of a stream of unknown length: nothing to hint
+                break
+            self._ahead[c] = ptrs
+            stage.hint(ptrs)
+            self._hinted = c + 1
+        cur = self._ahead.pop(self.next_chunk, None)
+        return cur if cur is not None else self.source.chunk(self.lane, self.next_chunk)
 
     def _enqueue(self, item) -> None:
         self.pending[self.seq_dispatch] = item

@@ -86,6 +86,20 @@ class WorkStage:
             res.error = e
         return res
 
+    def hint(self, ptrs) -> None:
+        """Tell each dataset which of its shards ``ptrs`` will read, in the order they come (read-ahead;
+        ``Dataset.prefetch``). Changes what is cached, never what is read; never raises."""
+        keys = ptrs.dataset_ids * (1 << 32) + ptrs.shard_ids
+        _, first = np.unique(keys, return_index=True)
+        wanted: dict = {}
+        for key in keys[np.sort(first)].tolist():
+            wanted.setdefault(key >> 32, []).append(key & 0xFFFFFFFF)
+        for d, shards in wanted.items():
+            try:
+                self.datasets[d].prefetch(shards)
+            except Exception:  # a hint; the read reports any real problem
+                pass
+
     def _apply(self, op, records: list, res: UnitResult) -> list:
         """``op.process_many``; a record it rejects is skipped and counted when its dataset was opened
         with ``on_error="skip"`` (then the op runs again on the rest), else the error propagates."""

@@ -103,6 +103,10 @@ class Dataset:
         self._check_unchanged(shard_id, info)
         return self._reader(shard_id).read(indices, self.on_error)
 
+    def prefetch(self, shard_ids: Sequence[int]) -> None:
+        """A hint: shards ``shard_ids`` (in the order the core will read them) are read soon. Remote
+        datasets fetch them into their cache in the background; others ignore it. Never raises."""
+
     def _check_unchanged(self, shard_id: int, info: ShardInfo) -> None:
         # One stat per read call: offsets and counts were computed from the file as it was when opened.
         try:

@@ -44,7 +44,7 @@ def remote_file(info: ShardInfo, where: tuple):
         return root.range_file(info.path, info.size_bytes)
     # a stable mtime per object version keeps the line index valid when an evicted copy is fetched again
     stamp = int(hashlib.sha256(f"{etag}:{info.size_bytes}".encode()).hexdigest()[:8], 16) + 10**9
-    return root.cached(rel, info.size_bytes, mtime_ns=stamp * 10**9)
+    return root.cached(rel, info.size_bytes, mtime_ns=stamp * 10**9, etag=etag)
 
 
 class FileDataset(Dataset):

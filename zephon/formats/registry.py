@@ -17,7 +17,7 @@ from . import energon, mds
 from .base import Dataset
 from .discovery import format_of
 from .files import open_files, open_jsonl, open_parquet
-from .remote import is_remote
+from .remote import detection_fetcher, is_remote
 
 COMMON_KEYWORDS = ("name", "columns", "cache_dir", "on_error")
 
@@ -44,17 +44,18 @@ FORMATS: dict[str, Format] = {
 }
 
 
-def detect_format(source, split: str | None = None) -> str | None:
+def detect_format(source, split: str | None = None, fetcher=None) -> str | None:
     """The first format of ``FORMATS`` whose ``detect`` recognises ``source``; None: files by extension.
     An object-storage URL with a file extension is a file (no request is made to detect it); with a ``split``,
-    an object-storage URL is an MDS root (only MDS has splits; listing a bucket to find out would cost more)."""
+    an object-storage URL is an MDS root (only MDS has splits; listing a bucket to find out would cost more).
+    fetcher: the ``remote.Fetcher`` detection requests go through (the dataset's retries and timeout)."""
     if is_remote(source):
         if format_of(os.fspath(source)) is not None:
             return None
         if split is not None:
             return "mds"
     for fmt, entry in FORMATS.items():
-        if entry.detect is not None and entry.detect(source):
+        if entry.detect is not None and entry.detect(source, fetcher=fetcher):
             return fmt
     return None
 
@@ -98,7 +99,7 @@ def open_dataset(source, *, format: str | None = None, name: str | None = None, 
     """
     if format is not None and format not in FORMATS:
         raise ValueError(f"format must be one of {tuple(FORMATS)} or None, not {format!r}")
-    fmt = format if format is not None else detect_format(source, keywords.get("split"))
+    fmt = format if format is not None else detect_format(source, keywords.get("split"), detection_fetcher(keywords))
     opener = FORMATS[fmt].open if fmt is not None else open_files
     own = format_keywords(opener)
     if own is not None:

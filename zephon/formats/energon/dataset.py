@@ -56,6 +56,11 @@ class EnergonDataset(Dataset):
         return (f"EnergonDataset(name={self.name!r}, split_part={self.split_part!r}, shards={len(self.shards)}, "
                 f"num_samples={self.num_samples}, excluded={self.n_excluded}, on_error={self.on_error!r})")
 
+    def prefetch(self, shard_ids) -> None:
+        """Remote: fetch these shards' small tars into the cache in the background (``RemoteTars.prefetch``)."""
+        if self.remote is not None:
+            self.remote.prefetch([self.metas[s].name for s in shard_ids])
+
     def _check_unchanged(self, shard_id: int, info: ShardInfo) -> None:
         if self.remote is None:  # a remote tar is read by range: its .tar.idx bounds every read
             super()._check_unchanged(shard_id, info)
@@ -154,7 +159,7 @@ def open_energon(source, *, split_part: str = "train", name: str | None = None, 
                  split_config: str = "split.yaml", dataset_config: str = "dataset.yaml", decode: bool | None = None,
                  image_decode: str | None = None, allow_unsafe_types: bool = False, part_filter="auto",
                  subset=None, columns=None, cache_dir=None, local: str | None = None, download_retry: int = 2,
-                 download_timeout: float = 60.0, cache_limit=None) -> EnergonDataset:
+                 download_timeout: float = 60.0, cache_limit=None, read_ahead: int = 4) -> EnergonDataset:
     """Open split part ``split_part`` of an Energon-prepared WebDataset root.
 
     source: the dataset root (a directory holding ``.nv-meta/``). split_part: e.g. "train", "val".
@@ -171,8 +176,10 @@ def open_energon(source, *, split_part: str = "train", name: str | None = None, 
     ``{"range": ["10%", "60%"]}`` / ``{"range": [100, "end"]}``; see ``EnergonDataset.with_subset``.
     columns / cache_dir: accepted for ``open_dataset``'s signature; columns must be None.
     local, download_retry, download_timeout, cache_limit: for a root at an ``s3://`` / ``msc://`` URL
-        (``energon.remote``, docs/remote.md): where ``.nv-meta/`` and the ``.tar.idx`` files are cached (tars are
-        read by byte range, never downloaded), re-attempts and seconds per attempt of each request, cache bytes.
+        (``energon.remote``, docs/remote.md): where ``.nv-meta/``, the ``.tar.idx`` files and tars up to
+        ``energon.remote.WHOLE_TAR`` bytes are cached (larger tars are read by byte range), re-attempts and
+        seconds per attempt of each request, cache bytes. read_ahead: downloads at once of the small tars the
+        core will read next (0: off).
 
     Work at open time: reads .nv-meta, stats every tar and checks that its ``.tar.idx`` exists; for a
     shard with ``<shard>/<key>`` excludes, lists its keys (index.sqlite, else one header read per
@@ -200,7 +207,7 @@ def open_energon(source, *, split_part: str = "train", name: str | None = None, 
     if is_remote(source):
         remote = open_remote_root(os.fspath(source), local=local, cache_dir=cache_dir, download_retry=download_retry,
                                   download_timeout=download_timeout, cache_limit=cache_limit,
-                                  split_config=split_config, dataset_config=dataset_config)
+                                  split_config=split_config, dataset_config=dataset_config, read_ahead=read_ahead)
         root = remote.root.local
     else:
         root = os.path.abspath(os.fspath(source))

@@ -28,15 +28,16 @@ INFO_YAML = ".info.yaml"
 INDEX_SQLITE = "index.sqlite"
 
 
-def is_energon_source(source) -> bool:
+def is_energon_source(source, fetcher=None) -> bool:
     """True when ``source`` (a path; anything else gives False) is a directory holding ``.nv-meta/``, or an
-    object-storage URL with a ``.nv-meta/.info.json`` (or ``.info.yaml``) object below it (a HEAD request)."""
+    object-storage URL with a ``.nv-meta/.info.json`` (or ``.info.yaml``) object below it (a HEAD request
+    through ``fetcher``, the open's ``remote.Fetcher``; raises RemoteError when the store does not answer)."""
     if not isinstance(source, (str, os.PathLike)):
         return False
     s = os.fspath(source)
     if is_remote(s):
         base = s.rstrip("/") + "/" + MAIN_FOLDER + "/"
-        return probe(base + INFO_JSON) or probe(base + INFO_YAML)
+        return probe(base + INFO_JSON, fetcher) or probe(base + INFO_YAML, fetcher)
     # Existence, not content: a damaged .nv-meta is then reported (read_info) instead of guessed around.
     return os.path.lexists(os.path.join(s, MAIN_FOLDER))
 

@@ -46,6 +46,11 @@ class MdsDataset(Dataset):
         return (f"MdsDataset(name={self.name!r}, shards={len(self.shards)}, num_samples={self.num_samples}, "
                 f"columns={self.columns!r}, split={self.split!r}, on_error={self.on_error!r})")
 
+    def prefetch(self, shard_ids) -> None:
+        """Remote: fetch these shards into the cache in the background (``RemoteShards.prefetch``)."""
+        if self.remote is not None:
+            self.remote.prefetch(self.metas, shard_ids)
+
     def _check_unchanged(self, shard_id: int, info: ShardInfo) -> None:
         if self.remote is None:  # a remote shard's cached copy is checked by size (and hash) when fetched
             super()._check_unchanged(shard_id, info)
@@ -83,7 +88,7 @@ def open_mds(source, *, name: str | None = None, columns: Sequence[str] | None =
              cache_dir: str | None = None, on_error: str = "raise", split: str | None = None,
              allow_unsafe_types: bool = False, validate_hash: str | None = None, local: str | None = None,
              download_retry: int = 2, download_timeout: float = 60.0, keep_zip: bool = False, cache_limit=None,
-             predownload: int | None = None) -> MdsDataset:
+             predownload: int | None = None, read_ahead: int = 4) -> MdsDataset:
     """Open an MDS dataset written by ``streaming.MDSWriter`` (layout: ``index`` and ``reader`` modules).
 
     source: the dataset directory (holding ``index.json``), a root with split directories (then pass
@@ -104,6 +109,8 @@ def open_mds(source, *, name: str | None = None, columns: Sequence[str] | None =
         and seconds per attempt of each request, keep the compressed copies, bytes (or ``"10gb"``) the cache
         may hold (least recently used shards not being read are evicted), and samples' worth of shards a
         background thread downloads ahead in index order (None or 0: only on demand). Local sources ignore them.
+    read_ahead: at a URL, downloads at once of the shards the core will read next (``Dataset.prefetch``, in
+        the core's order; ``remote.readahead``); 0 turns read-ahead off.
 
     Raises DataError (always, whatever on_error): no index.json (naming the splits when the root has
     some), a bad index.json, an unknown encoding or compression, a refused ``pkl`` column, a requested
@@ -126,7 +133,7 @@ def open_mds(source, *, name: str | None = None, columns: Sequence[str] | None =
         if name is None:
             name = os.path.basename(os.fspath(source).rstrip("/")) + (f"/{split}" if split is not None else "")
         ds = MdsDataset(name, shards, metas, columns=columns, on_error=on_error, cache_dir=cache_dir, split=split,
-                        validate_hash=validate_hash, remote=RemoteShards(root, keep_zip, validate_hash))
+                        validate_hash=validate_hash, remote=RemoteShards(root, keep_zip, validate_hash, read_ahead))
         ds.predownload = predownload
         return ds
     index_path = find_index(source, split)

@@ -215,10 +215,12 @@ def _splits_of(root: str) -> list[str]:
     return [n for n in names if os.path.isfile(os.path.join(root, n, INDEX_BASENAME))]
 
 
-def is_mds_source(source, split: str | None = None) -> bool:
-    """Whether ``source`` is an MDS dataset, for format auto-detection. Cheap and never raises.
+def is_mds_source(source, split: str | None = None, fetcher=None) -> bool:
+    """Whether ``source`` is an MDS dataset, for format auto-detection. Cheap; raises only for a store that
+    does not answer (RemoteError naming the URL).
 
     source: what ``open_dataset`` was given. split: a split name (then True: only MDS has splits).
+    fetcher: the ``remote.Fetcher`` of the open (its retries and timeout bound the HEAD of a URL).
     True for a directory (or object-storage URL) holding an ``index.json``, such an index file itself, or a
     root whose split directories hold one. The file's content is not looked at: a damaged index is then
     reported by ``parse_index`` (naming the file and what is wrong) instead of the folder being guessed to be
@@ -234,7 +236,7 @@ def is_mds_source(source, split: str | None = None) -> bool:
         return False
     if is_remote(s):  # one HEAD request: an index.json at the URL
         url = s.rstrip("/")
-        return probe(url if url.endswith("/" + INDEX_BASENAME) else url + "/" + INDEX_BASENAME)
+        return probe(url if url.endswith("/" + INDEX_BASENAME) else url + "/" + INDEX_BASENAME, fetcher)
     if os.path.isdir(s):
         # a root of splits: open_mds then asks for split= (naming them)
         return os.path.exists(os.path.join(s, INDEX_BASENAME)) or bool(_splits_of(s))

@@ -4,9 +4,11 @@
 directory on both sides); each shard is downloaded into ``local`` on its first read, by one thread of one
 process at a time. A compressed shard (``zip_data``) is downloaded and decompressed into its raw file there;
 the compressed copy is kept only with ``keep_zip``. ``validate_hash`` checks what was downloaded (and the
-decompressed bytes) before it becomes visible, so a corrupted object never enters the cache. A raw shard
-already in ``local`` with its indexed size is used as it is (e.g. left by a streaming run). Readers read
-the cached copy while pinned (``remote.cache``), so ``cache_limit`` eviction never removes a shard being read.
+decompressed bytes) before it becomes visible, so a corrupted object never enters the cache, and a cached
+copy once per process before its first use. A cached shard is used only when the cache's manifest says it
+is the object listed (ETag) and indexed (size, hashes) now (``remote.manifest``); anything else is fetched
+again. Readers read the cached copy while pinned (``remote.cache``), so ``cache_limit`` eviction never
+removes a shard being read. Shards the core will read next are fetched ahead (``prefetch``, ``read_ahead``).
 """
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ import threading
 from ..base import ShardInfo
 from ..codecs import iter_blocks, mds_codec
 from ..errors import DataError
-from ..remote import ObjectMissing, RemoteRoot, check_digest, hashing_writer, join
+from ..remote import AccessDenied, ObjectMissing, RemoteRoot, check_digest, hashing_writer, join
+from ..remote.readahead import ReadAhead, has_room
+from ..remote.root import unchanged
 from .index import FORMAT, INDEX_BASENAME, ShardMeta, parse_index
 from .integrity import hasher
 
@@ -25,8 +29,21 @@ class RemoteShards:
     """How an ``MdsDataset`` at a URL gets its shards: the ``RemoteRoot`` of its split, ``keep_zip`` and
     ``validate_hash``. Picklable."""
 
-    def __init__(self, root: RemoteRoot, keep_zip: bool, validate_hash: str | None):
+    def __init__(self, root: RemoteRoot, keep_zip: bool, validate_hash: str | None, read_ahead: int = 4):
         self.root, self.keep_zip, self.validate_hash = root, bool(keep_zip), validate_hash
+        self.ahead = ReadAhead(read_ahead)
+
+    def prefetch(self, metas, shards) -> None:
+        """Fetch shards ``shards`` (indexes into ``metas``, in the order they will be read) in the background
+        (``remote.readahead``), skipping cached ones and any that would need an eviction."""
+        for s in shards:
+            self.ahead.submit(s, lambda m=metas[s], s=s: self._ahead_one(m, s))
+
+    def _ahead_one(self, meta: ShardMeta, shard: int) -> None:
+        if self.root.fresh(meta.raw.basename, self._want(meta)):
+            return
+        if has_room(self.root.cache, meta.raw.bytes + (meta.zip.bytes if meta.zip is not None else 0)):
+            self.ensure(meta, shard)
 
     def start_predownload(self, metas, samples: int) -> None:
         """Once per process: a daemon thread downloads shards in index order until they hold ``samples``
@@ -44,10 +61,9 @@ class RemoteShards:
             if done >= samples:
                 return
             done += meta.samples
-            if cache.ready(meta.raw.basename, meta.raw.bytes):
+            if self.root.fresh(meta.raw.basename, self._want(meta)):
                 continue
-            need = meta.raw.bytes + (meta.zip.bytes if meta.zip is not None else 0)
-            if cache.limit is not None and cache.usage() + need > cache.limit:
+            if not has_room(cache, meta.raw.bytes + (meta.zip.bytes if meta.zip is not None else 0)):
                 return
             try:
                 self.ensure(meta, shard)
@@ -66,28 +82,45 @@ class RemoteShards:
             return (lambda: hasher(algo)), entry.hashes[algo]
         return None, None
 
+    def _want(self, meta: ShardMeta) -> dict:
+        """The identity the cached raw shard must have: the object it comes from (the compressed one for a
+        ``zip_data`` shard), its ETag in the listing, the raw size and the index's raw digests."""
+        src = meta.zip if meta.zip is not None else meta.raw
+        info = self.root.known.get(src.basename)
+        return self.root.identity(meta.raw.basename, meta.raw.bytes, info.etag if info is not None else "",
+                                  meta.raw.hashes, url=self.root.url_of(src.basename))
+
     def ensure(self, meta: ShardMeta, shard: int) -> str:
-        """Local path of the shard's raw file, downloading (and decompressing) it when missing."""
+        """Local path of the shard's raw file, downloading (and decompressing) it when missing or not the
+        object indexed now (``RemoteRoot.fresh``; with ``validate_hash`` a cached copy is hashed once per
+        process). Raises ObjectChanged when the object's ETag changed since the dataset was opened."""
         root, raw = self.root, meta.raw.basename
+        make, expected = self._check(meta.raw)
         if meta.zip is None:
-            make, expected = self._check(meta.raw)
-            return root.ensure(raw, meta.raw.bytes, hasher=make, expected=expected, shard=shard)
-        cache = root.cache
-        if cache.ready(raw, meta.raw.bytes):
+            return root.ensure(raw, meta.raw.bytes, hasher=make, expected=expected, shard=shard,
+                               hashes=meta.raw.hashes)
+        cache, want = root.cache, self._want(meta)
+        check = (make, expected) if make is not None else None
+        if root.fresh(raw, want, check):
             return cache.path(raw)
-        zip_url = root.url_of(meta.zip.basename)
+        zip_url = want["url"]
         with cache.lock(raw, zip_url):
-            if cache.ready(raw, meta.raw.bytes):
+            if root.fresh(raw, want, check):
                 return cache.path(raw)
+            cache.disown(raw)
             with cache.writing([(raw, meta.raw.bytes), (None, meta.zip.bytes)], zip_url) as (rf, zf):
-                make, expected = self._check(meta.zip)
-                w = hashing_writer(zf, make() if make else None)
-                root.fetcher.download(zip_url, w, meta.zip.bytes)
+                zmake, zexpected = self._check(meta.zip)
+                w = hashing_writer(zf, zmake() if zmake else None)
+                got = root.fetcher.download(zip_url, w, meta.zip.bytes)
+                unchanged(want, got.etag)
                 zf.flush()
-                check_digest(w.h, expected, zip_url, shard, "the downloaded compressed shard")
+                check_digest(w.h, zexpected, zip_url, shard, "the downloaded compressed shard")
                 self._decompress(meta, zf.name, rf, zip_url, shard)
                 if self.keep_zip:  # the complete compressed copy, renamed into place whole
                     os.replace(zf.name, cache.path(meta.zip.basename))
+            etag = got.etag or want["etag"]
+            cache.forget_all({raw: dict(want, etag=etag), **({meta.zip.basename: root.identity(
+                meta.zip.basename, meta.zip.bytes, etag, meta.zip.hashes)} if self.keep_zip else {})})
         return cache.path(raw)
 
     def _decompress(self, meta: ShardMeta, src: str, out, zip_url: str, shard: int) -> None:
@@ -131,6 +164,10 @@ def open_remote_index(url: str, split: str | None, *, local: str | None, cache_d
     except ObjectMissing:
         raise DataError(f"no {INDEX_BASENAME} at this URL (not an MDS dataset{', or no such split' if split else ''})",
                         path=root.url_of(INDEX_BASENAME)) from None
+    try:  # the shards' ETags: a cached copy is used only when it is the object listed now
+        root.list()
+    except AccessDenied:  # no list permission: copies are then identified by size and the index's hashes
+        pass
     return root, parse_index(index_path, allow_unsafe_types, columns)
 
 

@@ -89,7 +89,8 @@ class S3Backend:
                 session, creds, self._creds = s3_session()
                 endpoint, _ = s3_endpoint()
                 cfg = Config(connect_timeout=self.timeout, read_timeout=self.timeout, max_pool_connections=64,
-                             retries={"total_max_attempts": 1},  # fetch retries, with its own backoff
+                             # no retries of botocore's own: fetch retries, with its backoff, inside one bound
+                             retries={"total_max_attempts": 1, "mode": "standard"},
                              signature_version=botocore.UNSIGNED if creds is None else None)
                 self._client = session.client("s3", endpoint_url=endpoint, config=cfg,
                                               region_name=session.region_name or DEFAULT_REGION)
@@ -134,12 +135,12 @@ class S3Backend:
         with r["Body"] as body:
             return _copy(body, None, deadline, end - start)
 
-    def stream(self, url: str, out: BinaryIO, deadline: float | None, size: int | None = None) -> int:
-        """The whole object into ``out``; returns its byte count."""
+    def stream(self, url: str, out: BinaryIO, deadline: float | None, size: int | None = None) -> ObjectInfo:
+        """The whole object into ``out``; returns its byte count and the ETag of what was read."""
         _, bucket, key = split_url(url)
         r = self._call(self.client().get_object, Bucket=bucket, Key=key)
         with r["Body"] as body:
-            return _copy(body, out, deadline, size)
+            return ObjectInfo(url, _copy(body, out, deadline, size), str(r.get("ETag", "")).strip('"'))
 
     def list(self, url: str) -> list[ObjectInfo]:
         """Objects whose key starts with ``url``'s key + ``/`` (all depths), in key order."""
@@ -209,9 +210,9 @@ class FsspecBackend:
             return b""
         return self._call(self.fs().cat_file, url, start=start, end=end)
 
-    def stream(self, url: str, out: BinaryIO, deadline: float | None, size: int | None = None) -> int:
+    def stream(self, url: str, out: BinaryIO, deadline: float | None, size: int | None = None) -> ObjectInfo:
         with self._call(self.fs().open, url, "rb") as body:
-            return _copy(body, out, deadline, size)
+            return ObjectInfo(url, _copy(body, out, deadline, size))
 
     def list(self, url: str) -> list[ObjectInfo]:
         fs = self.fs()
@@ -261,12 +262,12 @@ class MscBackend:
         client, path = self._resolve(url)
         return bytes(self._call(client.read, path, byte_range=Range(offset=start, size=end - start)))
 
-    def stream(self, url: str, out: BinaryIO, deadline: float | None, size: int | None = None) -> int:
+    def stream(self, url: str, out: BinaryIO, deadline: float | None, size: int | None = None) -> ObjectInfo:
         client, path = self._resolve(url)
         data = bytes(self._call(client.read, path))
         _check(deadline)
         out.write(data)
-        return len(data)
+        return ObjectInfo(url, len(data))
 
     def list(self, url: str) -> list[ObjectInfo]:
         client, path = self._resolve(url)

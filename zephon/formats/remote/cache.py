@@ -7,8 +7,10 @@
 - ``limit`` (bytes, Mosaic's ``cache_limit``): before a download, room is made under a cache-wide lock by
   removing the least recently used evictable files; the new file's temporary copy is created at its full size
   under that same lock, so downloads in flight count against the limit and the directory never holds more
-  than ``limit`` bytes of shards. Evictable and counted: shard files (not index.json, ``.tar.idx``,
-  ``.nv-meta/`` or hidden files, which are small metadata, as Mosaic's limit counts its shard cache only).
+  than ``limit`` bytes of shards. Evictable and counted: shard files the manifest lists (``manifest``: the
+  cache downloaded them), not index.json, ``.tar.idx``, ``.nv-meta/`` or hidden files (small metadata, as
+  Mosaic's limit counts its shard cache only); any other file under the folder is never touched.
+- The folder is bound to one remote source (``bind``); temporary files of dead processes are removed at open.
 - A file in use is never evicted: readers hold a shared ``flock`` on it while they read (``pinned``); eviction
   takes an exclusive one without waiting and skips the file when that fails. Recency is the file's atime,
   which readers set when they use it.
@@ -32,6 +34,7 @@ except ImportError:  # pragma: no cover - not POSIX: one process per cache direc
 
 from ..fileio import atomic_writer
 from .errors import RemoteError
+from .manifest import CacheConflict, Manifest
 
 LOCK_DIR = ".zephon-locks"
 _METADATA_NAMES = ("index.json",)
@@ -39,6 +42,7 @@ _METADATA_SUFFIXES = (".tar.idx", ".lock")
 _TMP = re.compile(r"^\.(.+)\.(\d+)\.[0-9a-f]{8}\.tmp$")   # fileio.atomic_writer's temporary names (and scratch)
 _POLL = 0.02        # seconds between tries of a lock held elsewhere
 _thread_locks: dict = {}
+_mode = threading.local()   # no_eviction: this thread's downloads take free room only
 _thread_locks_guard = threading.Lock()
 
 
@@ -51,6 +55,18 @@ def evictable(rel: str) -> bool:
     parts = rel.replace(os.sep, "/").split("/")
     return not any(p.startswith(".") for p in parts) and parts[-1] not in _METADATA_NAMES and \
         not parts[-1].endswith(_METADATA_SUFFIXES)
+
+
+@contextlib.contextmanager
+def no_eviction() -> Iterator[None]:
+    """Downloads of this thread inside the block never evict: without free room they raise CacheFull (what
+    read-ahead wants: it must not push out what readers are about to use)."""
+    before = getattr(_mode, "no_eviction", False)
+    _mode.no_eviction = True
+    try:
+        yield
+    finally:
+        _mode.no_eviction = before
 
 
 def _thread_lock(key: str) -> threading.Lock:
@@ -90,6 +106,84 @@ class LocalCache:
     def __init__(self, root: str, limit: int | None = None, wait: float = 600.0):
         self.root, self.limit, self.wait = os.path.abspath(root), limit, float(wait)
         os.makedirs(os.path.join(self.root, LOCK_DIR), exist_ok=True)
+        self.manifest = Manifest(self.root)
+        self.sweep()
+
+    def sweep(self) -> int:
+        """Remove the temporary files that dead processes left (their pid is not alive and nobody holds the
+        download lock of their file); returns how many. Run at every open, with or without ``limit``."""
+        removed = 0
+        for rel, _, _ in self._files():
+            head, _, name = rel.rpartition("/")
+            m = _TMP.match(name)
+            if not m or _alive(int(m.group(2))):
+                continue
+            target = f"{head}/{m.group(1)}" if head else m.group(1)
+            if self._lock_free(target):
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path(rel))
+                    removed += 1
+        return removed
+
+    def _lock_free(self, rel: str) -> bool:
+        if fcntl is None:
+            return True
+        try:
+            fd = os.open(self._lock_path(rel), os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+
+    def manifest_lock(self):
+        """Context manager: the lock writers of the manifest hold."""
+        return _flock(self._lock_path(".manifest"), self.wait, self.manifest.path)
+
+    def bind(self, remote: str) -> None:
+        """Bind this folder to remote source ``remote`` (first use), or check that it is bound to it.
+        Raises CacheConflict naming both when the folder already belongs to another remote source."""
+        with self.manifest_lock():
+            data = self.manifest.load()
+            if data.get("remote") in (None, remote):
+                if data.get("remote") is None:
+                    self.manifest.save(dict(data, remote=remote))
+                return
+        raise CacheConflict(remote, f"the cache folder {self.root} already holds {data['remote']}; a cache "
+                                    f"folder serves one remote source (give each dataset its own local=, or "
+                                    f"leave local unset for a folder per URL)")
+
+    def entry(self, rel: str) -> dict | None:
+        """The manifest entry of cached file ``rel`` (None: not owned by the cache)."""
+        return self.manifest.entry(rel)
+
+    def disown(self, rel: str) -> None:
+        """Before ``rel`` is fetched again (call under its download lock): drop its manifest entry and remove
+        the stale copy, so readers wait on the lock meanwhile and a failed download leaves no file the cache
+        no longer owns. A file the manifest does not list (not the cache's) is left alone."""
+        if self.entry(rel) is not None:
+            self.record(rel, None)
+            _unlink(self.path(rel))
+
+    def record(self, rel: str, entry: dict | None) -> None:
+        """Set (or with None remove) the manifest entry of ``rel``."""
+        self.forget_all({rel: entry})
+
+    def forget_all(self, entries: dict) -> None:
+        """Set or remove (value None) several manifest entries at once, ``{rel: entry or None}``."""
+        with self.manifest_lock():
+            data = self.manifest.load()
+            files = dict(data["files"])
+            for rel, e in entries.items():
+                if e is None:
+                    files.pop(rel, None)
+                else:
+                    files[rel] = e
+            self.manifest.save(dict(data, files=files))
 
     def __repr__(self):
         return f"LocalCache({self.root!r}, limit={self.limit})"
@@ -148,6 +242,11 @@ class LocalCache:
             raise CacheFull(url, f"needs {need} bytes in the cache, more than cache_limit={self.limit}")
         deadline = time.monotonic() + self.wait
         with _flock(self._lock_path("space"), self.wait, url):
+            if getattr(_mode, "no_eviction", False):
+                used = self.usage()
+                if used + need > self.limit:
+                    raise CacheFull(url, f"read-ahead skipped: {need} bytes do not fit under cache_limit="
+                                         f"{self.limit} without an eviction ({used} bytes cached)")
             while True:
                 used, in_use = self._make_room(need)
                 if used + need <= self.limit:
@@ -163,7 +262,8 @@ class LocalCache:
         """Bytes held against ``limit``: shard files, and the temporary copies of those being written (at their
         full size from the start). Metadata (index.json, ``.tar.idx``, ``.nv-meta/``, line indexes) is not
         counted, as Mosaic counts only its shard cache."""
-        return sum(size for rel, size, _ in self._files() if _counted(rel))
+        owned = self.manifest.load()["files"]
+        return sum(size for rel, size, _ in self._files() if _counted(rel, owned))
 
     def _files(self) -> list[tuple[str, int, int]]:
         """``[(rel, size, atime_ns), ...]`` of every file below the root except lock files."""
@@ -191,9 +291,10 @@ class LocalCache:
     def _make_room(self, need: int) -> tuple[int, int]:
         """Evict least recently used, unpinned evictable files until ``need`` more bytes fit (or nothing more
         can go). Returns ``(bytes used now, bytes that cannot be evicted)``. Called under the space lock."""
-        files = [f for f in self._files() if _counted(f[0])]
+        owned = self.manifest.load()["files"]
+        files = [f for f in self._files() if _counted(f[0], owned)]
         used = sum(s for _, s, _ in files)
-        kept = 0
+        kept, evicted = 0, {}
         for rel, size, _ in sorted(files, key=lambda f: f[2]):
             name = rel.rsplit("/", 1)[-1]
             m = _TMP.match(name)
@@ -207,20 +308,24 @@ class LocalCache:
                 continue
             if used + need <= self.limit:
                 continue
-            if evictable(rel) and _evict(self.path(rel)):
+            if _evict(self.path(rel)):
                 used -= size
+                evicted[rel] = None
             else:
                 kept += size
+        if evicted:
+            self.forget_all(evicted)
         return used, kept
 
 
-def _counted(rel: str) -> bool:
-    """Whether file ``rel`` counts against the limit: a shard, or the temporary copy of one (or a scratch file)."""
+def _counted(rel: str, owned: dict) -> bool:
+    """Whether file ``rel`` counts against the limit (and may be evicted): a shard the manifest lists, or the
+    temporary copy of one being written (or a scratch file). Files the cache did not download are neither."""
     head, _, name = rel.rpartition("/")
     m = _TMP.match(name)
     if m:
         return m.group(1).startswith("scratch.") or evictable(f"{head}/{m.group(1)}" if head else m.group(1))
-    return evictable(rel)
+    return rel in owned and evictable(rel)
 
 
 def _unlink(path: str) -> None:

@@ -132,38 +132,57 @@ class Fetcher:
 
     def read_all(self, url: str) -> bytes:
         """The whole of object ``url`` in memory (small metadata files)."""
+        return self.read_object(url)[0]
+
+    def read_object(self, url: str) -> tuple[bytes, str]:
+        """``(bytes, ETag)`` of the whole object ``url`` (ETag "" when the store gives none)."""
         import io
 
         def attempt(b, d):
             buf = io.BytesIO()
-            b.stream(url, buf, d)
-            return buf.getvalue()
-        data = self.run(url, "download", attempt)
+            etag = b.stream(url, buf, d).etag
+            return buf.getvalue(), etag
+        data, etag = self.run(url, "download", attempt)
         count(downloads=1, downloaded_bytes=len(data))
-        return data
+        return data, etag
 
-    def download(self, url: str, out: BinaryIO, size: int | None = None) -> int:
-        """Object ``url`` into the seekable file ``out`` (rewound for each attempt); returns its size.
+    def download(self, url: str, out: BinaryIO, size: int | None = None) -> ObjectInfo:
+        """Object ``url`` into the seekable file ``out`` (rewound for each attempt); returns its size and the
+        ETag of what was read.
 
         size: the size expected (from an index or HEAD): more bytes fail the attempt, fewer raise RemoteError.
         """
         def attempt(b, d):
             out.seek(0)
             return b.stream(url, out, d, size)
-        n = self.run(url, "download", attempt)
-        if size is not None and n != size:
-            raise RemoteError(url, f"download returned {n} bytes, {size} expected (object changed or truncated)")
-        count(downloads=1, downloaded_bytes=n)
-        return n
+        got = self.run(url, "download", attempt)
+        if size is not None and got.size != size:
+            raise RemoteError(url, f"download returned {got.size} bytes, {size} expected (object changed or "
+                                   f"truncated)")
+        count(downloads=1, downloaded_bytes=got.size)
+        return got
 
     def list(self, url: str) -> list[ObjectInfo]:
         """Objects below the prefix ``url`` (all depths), sorted by URL."""
         return self.run(url, "list", lambda b, d: b.list(url))
 
 
-def probe(url: str) -> bool:
-    """Whether object ``url`` exists, for format detection: one quick try, never raising (False on any failure)."""
+def detection_fetcher(keywords: dict) -> Fetcher:
+    """The ``Fetcher`` of an open's ``download_retry`` / ``download_timeout`` keywords (absent or None: 2, 60 s)."""
+    retries, timeout = keywords.get("download_retry"), keywords.get("download_timeout")
+    return Fetcher(2 if retries is None else retries, 60.0 if timeout is None else timeout)
+
+
+def probe(url: str, fetcher: Fetcher | None = None) -> bool:
+    """Whether object ``url`` exists, for format detection: a HEAD with the dataset's own bound.
+
+    fetcher: the dataset's ``Fetcher`` (its download_retry / download_timeout); None: the defaults (2, 60 s).
+    False when the object is missing or the credentials are refused (the open that follows names the
+    cause); raises RemoteTimeout / RemoteError naming the URL when the store does not answer, so detection
+    costs at most one request's bound, never one per format probed.
+    """
     try:
-        return Fetcher(retries=0, timeout=30.0).exists(url)
-    except Exception:
+        (fetcher or Fetcher()).run(url, "HEAD (format detection)", lambda b, d: b.head(url))
+        return True
+    except (ObjectMissing, AccessDenied):
         return False

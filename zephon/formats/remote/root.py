@@ -13,12 +13,31 @@ import time
 from typing import Callable
 
 from ..errors import DataError
-from .cache import LocalCache
+from .cache import LocalCache, pinned
 from .fetch import MAX_BACKOFF, Fetcher
 from .files import CachedFile, RangeFile, RangePread
-from .urls import cache_key, join, parse_size
+from .manifest import ObjectChanged, identity, matches
+from .urls import cache_key, join, parse_size, relative
 
 _WRITE_BLOCK = 1 << 20
+_VERIFIED: dict = {}   # (pid, path) -> the copy (inode, mtime) and identity checked in this process
+
+
+def _digest(fd: int, h) -> str:
+    """Hex digest of the file open at ``fd`` by hash object ``h``."""
+    at = 0
+    while True:
+        block = os.pread(fd, _WRITE_BLOCK, at)
+        if not block:
+            return h.hexdigest()
+        h.update(block)
+        at += len(block)
+
+
+def unchanged(want: dict, etag: str) -> None:
+    """Raise ObjectChanged when ``etag`` (of what a GET returned) is not the ETag ``want`` expects."""
+    if want["etag"] and etag and etag != want["etag"]:
+        raise ObjectChanged(want["url"], want["etag"], etag)
 
 
 def default_local(url: str, cache_dir: str | None) -> str:
@@ -44,6 +63,8 @@ class RemoteRoot:
         wait = (download_retry + 1) * (float(download_timeout) + MAX_BACKOFF) + 30.0
         self.cache = LocalCache(os.fspath(local) if local is not None else default_local(self.url, cache_dir),
                                 parse_size(cache_limit), wait)
+        self.cache.bind(self.url)
+        self.known: dict = {}   # path below the root -> ObjectInfo from the last listing
 
     def __repr__(self):
         return f"RemoteRoot({self.url!r}, local={self.cache.root!r}, limit={self.cache.limit})"
@@ -60,41 +81,90 @@ class RemoteRoot:
     def metadata(self, rel: str, *, refresh: bool = True) -> str:
         """Fetch small object ``rel`` (whole, in memory) into the cache and return its local path.
 
-        refresh: fetch even when a copy is there (index files may change between runs); False reuses it.
+        refresh: fetch even when a copy is there (index files may change between runs); False reuses a copy
+        whose manifest entry matches the listing (``known``), or any the cache owns when nothing was listed.
         Raises ObjectMissing / AccessDenied / RemoteError naming the URL.
         """
-        path = self.cache.path(rel)
-        if not refresh and os.path.isfile(path):
-            return path
-        url = self.url_of(rel)
-        data = self.fetcher.read_all(url)
+        path, url = self.cache.path(rel), self.url_of(rel)
+        if not refresh:
+            info = self.known.get(rel)
+            if info is not None and self.fresh(rel, self.identity(rel, info.size)):
+                return path
+            entry = self.cache.entry(rel)
+            if info is None and entry is not None and entry.get("url") == url and os.path.isfile(path):
+                return path
+        data, etag = self.fetcher.read_object(url)
         with self.cache.lock(rel, url):
             with self.cache.writing([(rel, len(data))], url) as (f,):
                 f.write(data)
+            self.cache.record(rel, identity(url, len(data), etag))
         return path
 
+    def identity(self, rel: str, size: int, etag: str | None = None, hashes: dict | None = None,
+                 url: str | None = None) -> dict:
+        """The manifest entry object ``rel`` must have now: ``url`` (default ``url_of(rel)``), ``size``, the
+        ``etag`` given or the listing's (``known``), the index's ``hashes`` (algorithm -> hex)."""
+        if etag is None:
+            info = self.known.get(rel)
+            etag = info.etag if info is not None else ""
+        return identity(url or self.url_of(rel), size, etag, hashes)
+
+    def fresh(self, rel: str, want: dict, check: tuple | None = None) -> bool:
+        """Whether the cached copy of ``rel`` is the object ``want`` (an ``identity``): present with its size,
+        and its manifest entry matches. check: ``(hash factory, expected hex digest)`` to verify the copy's bytes
+        too, once per process and copy (``validate_hash``); a copy that fails is not fresh (fetched again)."""
+        path = self.cache.path(rel)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        if st.st_size != want["size"]:
+            return False
+        key = (os.getpid(), path)
+        stamp = (st.st_ino, st.st_mtime_ns, want["url"], want["etag"], tuple(sorted(want["hashes"].items())))
+        if _VERIFIED.get(key) == stamp:
+            return True
+        if not matches(self.cache.entry(rel), want):
+            return False
+        if check is not None:
+            with pinned(path) as fd:
+                if fd is None or _digest(fd, check[0]()) != check[1].lower():
+                    return False
+        _VERIFIED[key] = stamp
+        return True
+
     def ensure(self, rel: str, size: int, *, hasher: Callable | None = None, expected: str | None = None,
-               shard: int | None = None, mtime_ns: int | None = None) -> str:
-        """The local path of a complete copy of object ``rel`` (``size`` bytes), downloading it when missing.
+               shard: int | None = None, mtime_ns: int | None = None, etag: str | None = None,
+               hashes: dict | None = None) -> str:
+        """The local path of a complete copy of object ``rel`` (``size`` bytes), downloading it when missing
+        or when the cached copy is not the object the dataset was opened with (``fresh``).
 
         One download at a time per file across threads and processes; the copy becomes visible only whole.
         hasher / expected: a hash object factory and the hex digest the copy must have (checked while
-        writing; a mismatch raises DataError naming the URL and ``shard``, and nothing is kept).
+        writing, and on a cached copy once per process; a downloaded mismatch raises DataError naming the URL
+        and ``shard``, and nothing is kept). etag: the ETag the object must have (default: the listing's);
+        hashes: the index's digests of the object (algorithm -> hex), for its identity.
         mtime_ns: the modification time the copy gets (stable for the object's version, so indexes keyed on it,
         such as JSONL line indexes, stay valid when an evicted copy is fetched again).
+        Raises ObjectChanged when the object's ETag is no longer the one expected (rewritten during the pass).
         """
-        if self.cache.ready(rel, size):
-            return self.cache.path(rel)
-        url = self.url_of(rel)
-        with self.cache.lock(rel, url):
-            if not self.cache.ready(rel, size):
-                with self.cache.writing([(rel, size)], url) as (f,):
+        want = self.identity(rel, size, etag, hashes)
+        check = (hasher, expected) if hasher is not None and expected is not None else None
+        path = self.cache.path(rel)
+        if self.fresh(rel, want, check):
+            return path
+        with self.cache.lock(rel, want["url"]):
+            if not self.fresh(rel, want, check):
+                self.cache.disown(rel)
+                with self.cache.writing([(rel, size)], want["url"]) as (f,):
                     w = _Hashing(f, hasher() if hasher is not None else None)
-                    self.fetcher.download(url, w, size)
-                    check_digest(w.h, expected, url, shard, "the downloaded shard")
+                    got = self.fetcher.download(want["url"], w, size)
+                    unchanged(want, got.etag)
+                    check_digest(w.h, expected, want["url"], shard, "the downloaded shard")
                 if mtime_ns is not None:
-                    os.utime(self.cache.path(rel), ns=(time.time_ns(), mtime_ns))
-        return self.cache.path(rel)
+                    os.utime(path, ns=(time.time_ns(), mtime_ns))
+                self.cache.record(rel, dict(want, etag=got.etag or want["etag"]))
+        return path
 
     def cached(self, rel: str, size: int, **check) -> CachedFile:
         """A ``pread`` view of the cached copy of ``rel`` (fetched on first use and again after eviction)."""
@@ -109,8 +179,12 @@ class RemoteRoot:
         return RangeFile(self.fetcher, url, size)
 
     def list(self, rel: str = ""):
-        """Objects below ``rel`` (all depths), sorted by URL (``backends.ObjectInfo``)."""
-        return self.fetcher.list(self.url_of(rel))
+        """Objects below ``rel`` (all depths), sorted by URL (``backends.ObjectInfo``); each becomes ``known``
+        (the ETag and size its cached copy must match)."""
+        found = self.fetcher.list(self.url_of(rel))
+        for o in found:
+            self.known[relative(o.url, self.url)] = o
+        return found
 
 
 class _Hashing:
