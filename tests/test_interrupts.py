@@ -12,8 +12,9 @@ import json
 
 import pytest
 
-import zephon.engine.loader as loader_mod
+import zephon.engine.tail as tail_mod
 from zephon.engine import Loader
+from zephon.engine.tail import Tail
 from zephon.engine.lane import LanePipeline
 from zephon.formats import open_dataset
 from zephon.formats.base import Dataset
@@ -65,8 +66,8 @@ STAGES = [
     ("worker read", Dataset, "read"),
     ("stateless operator", Map, "process_many"),
     ("accumulator push", ShuffleAccumulator, "push"),
-    ("collate", loader_mod, "collate"),
-    ("padding", Loader, "_padding"),
+    ("collate", tail_mod, "collate"),
+    ("padding", Tail, "padding"),
     ("state before yield", LanePipeline, "state"),
 ]
 

@@ -27,7 +27,7 @@ from tokenizers import Tokenizer
 
 from zephon.engine import Loader
 from zephon.checkpoint import merge_states
-from zephon.engine import loader as loader_module
+from zephon.engine import tail as loader_module
 from zephon.engine.runners import make_runner
 from zephon.formats import DataError, open_dataset
 from zephon.ops import Batch, Decode, Map, Pack, Shuffle, Tokenize

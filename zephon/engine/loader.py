@@ -8,17 +8,15 @@ sentinels every ``flush_every_k_chunks`` chunks -> per-lane row buffers -> tail 
 from __future__ import annotations
 
 import logging
-import warnings
 import weakref
 
-from ..formats import DataError, DataWarning
-from ..ops.batch import collate, padding_row
 from .. import checkpoint as ckpt
 from .lane import LanePipeline
 from .plan import LoaderPlan
 from .runners import RUNNERS, Runner, check_main_guarded, make_runner
 from .sharing import shared_micro_batches, shared_stats
 from .stage import DEFAULT_MAX_SKIP_FRACTION, SkipLedger
+from .tail import Tail
 
 log = logging.getLogger("zephon")
 
@@ -150,12 +148,9 @@ class Loader:
         self._state: dict[int, LanePipeline] = {}
         self._pending: dict | None = None
         self._generation = 0  # bumped by iter() and restore(): an older iterator must stop
-        self._handed = None  # (LanePipeline, rows, padding rows) of the micro-batch last yielded, uncommitted
+        self.tail = Tail(self)
         self.max_skip_fraction = max_skip_fraction
         self._new_ledger()  # validates max_skip_fraction now
-        self.dropped_rows = 0
-        self.padded_rows = 0
-        self._template = None  # a delivered row: the shape of padding rows
 
     # the plan's facts, read where the Loader is at hand (one representation: the plan)
     datasets = _planned("datasets")
@@ -187,7 +182,7 @@ class Loader:
         yielded so far (the micro-batch last yielded counts: the consumer has it, even when an exception
         interrupted it right after). Merge all ranks' states with ``merge_states`` to restore at another
         dp_degree."""
-        self._commit_handed()
+        self.tail.commit()
         if self._pending is not None:
             entries = [self._pending[lane] for lane in self.lanes]
         elif self._state:
@@ -201,12 +196,12 @@ class Loader:
         missing); apply it when iteration next starts. A global (merged) or this rank's own state."""
         by_lane = self.plan.validate(state, self.lanes)
         self._pending = {lane: dict(by_lane[lane]) for lane in self.lanes}
-        self._handed = None  # the restored state replaces what was delivered
+        self.tail.handed = None  # the restored state replaces what was delivered
         self._generation += 1
 
     # -- iteration ------------------------------------------------------------------------------
     def _start(self) -> None:
-        self._commit_handed()
+        self.tail.commit()
         if self._pending is not None:
             entries = self._pending
         else:  # a new iteration continues where the last one stopped
@@ -252,134 +247,43 @@ class Loader:
         self._generation += 1
         self._runner_iteration = generation = self._generation
         try:
-            yield from self._lane_steps(generation)
+            yield from self.tail.steps(generation)
         finally:
             if self._runner_iteration == generation:
                 self.close()
 
-    def _lane_steps(self, generation: int):
-        """The body of ``_steps``: micro-batches in step order until the owned lanes end."""
-        lanes = self._state
-        rps, m = self.rows_per_lane_step, self.batch.micro_batch_size
-        pad = self.finite and not self.batch.drop_last and self.pad_tail  # every lane fills every step
-        while True:
-            active = [lane for lane in self.lanes if not (lanes[lane].finished and not lanes[lane].rows)]
-            if pad:  # a lane that ran out mid-step (a restore there) still owes that step's padding
-                active += [lane for lane in self.lanes if lane not in active and lanes[lane].delivered_rows % rps]
-            if not active:
-                return
-            if self.batch.drop_last and len(active) < len(self.lanes):
-                self._drop_rest()  # a lane of this rank has ended: no complete step can follow
-                return
-            # Step order even after a ragged (mid-step, per-rank) checkpoint: lanes behind go first.
-            step = min(lanes[lane].delivered_rows // rps for lane in (self.lanes if pad else active))
-            offset, ready, short = {}, [], False
-            for lane in (self.lanes if pad else active):
-                st = lanes[lane]
-                if st.delivered_rows // rps != step:
-                    continue
-                offset[lane] = st.delivered_rows % rps  # non-zero only after a mid-step checkpoint
-                self._ensure(lane, rps - offset[lane])
-                if len(st.rows) >= rps - offset[lane] or pad or (st.rows and not self.batch.drop_last):
-                    ready.append(lane)
-                else:  # this lane ended inside the step (only matters with drop_last)
-                    short = True
-            if short and self.batch.drop_last:
-                self._drop_rest()  # a finite stream's last, incomplete step: this rank stops here
-                return
-            if pad and all(offset[lane] == 0 and lanes[lane].finished and not lanes[lane].rows for lane in ready):
-                return  # every lane ran out at a step boundary (a restore after the pass's end): nothing owed
-            for j in range(rps // m):
-                for lane in ready:
-                    start = max(j * m, offset[lane])
-                    if start >= (j + 1) * m:
-                        continue
-                    if generation != self._generation:
-                        raise RuntimeError("this iterator was superseded by a newer iter() or restore() on the "
-                                           "same Loader; iterate the newest one")
-                    # Rows count as delivered only once the consumer has their micro-batch: peek, build
-                    # everything, mark it handed (a plain store, nothing in between that can raise) and
-                    # commit it when the consumer asks for more (or checkpoint()/iter()/restore() does).
-                    rows = lanes[lane].peek((j + 1) * m - start)
-                    if rows and self._template is None:
-                        self._template = rows[0]
-                    n_real = len(rows)
-                    n_pad = (j + 1) * m - start - n_real if pad else 0
-                    if n_pad:
-                        rows += self._padding(n_pad)
-                    if rows:
-                        mb = collate(rows)
-                        mb["__lane__"], mb["__step__"], mb["__micro__"] = lane, step, j
-                        if n_pad:
-                            mb["__pad__"] = n_pad
-                        after = lanes[lane].cursor_after(n_real, n_pad)  # the lane's cursor once mb is consumed
-                        if self.emit_state:
-                            mb["__state__"] = lanes[lane].state(after)
-                            mb["__rows__"] = len(rows)
-                        self._handed = (lanes[lane], after, n_real, n_pad)
-                        yield mb
-                        self._commit_handed()
-                        lanes[lane].drop()  # finishes a drop an interrupted checkpoint() left (idempotent)
+    # -- what the tail multiplexer (engine/tail.py) reads of the lanes --------------------------------
+    def lane(self, lane: int) -> LanePipeline:
+        """The pipeline of owned lane ``lane`` in the current iteration."""
+        return self._state[lane]
 
-    def _commit_handed(self) -> None:
-        """Count the micro-batch last yielded (``_handed``) as delivered. Safe against an interrupt anywhere
-        inside: the commit is one store of the lane's precomputed cursor (idempotent), and ``_handed`` is
-        cleared only after it; what follows only frees memory (a dead iterator's buffers are never reused)."""
-        handed = self._handed
-        if handed is None:
-            return
-        st, after, n_real, n_pad = handed
-        st.cursor = after
-        self._handed = None
-        self.padded_rows += n_pad
-        st.drop()
+    def lane_pipelines(self) -> list[LanePipeline]:
+        """The owned lanes' pipelines of the current iteration, in lane order."""
+        return [self._state[lane] for lane in self.lanes if lane in self._state]
 
-    def _padding(self, n: int) -> list[dict]:
-        """``n`` padding rows shaped like a delivered row (``ops.batch.padding_row``). Raises ``RuntimeError``
-        when this loader has delivered no row to copy the shape from."""
-        if self._template is None:
-            for st in self._state.values():
-                if st.rows:
-                    self._template = st.rows[0][1]  # (span, row, k)
-                    break
-            else:
-                self._template = self.empty_row()
-        if self._template is None:
-            raise RuntimeError(f"lanes {self.lanes} delivered no row in this pass (every sample filtered or "
-                               f"skipped?), so the padding of its last steps (drop_last=False) has no row shape "
-                               f"to copy; use fewer canonical_replicas")
-        row = padding_row(self._template)
-        return [row] * n
+    def check_generation(self, generation: int) -> None:
+        """Raise ``RuntimeError`` when the iteration ``generation`` was superseded by a newer ``iter()`` or
+        ``restore()``."""
+        if generation != self._generation:
+            raise RuntimeError("this iterator was superseded by a newer iter() or restore() on the same Loader; "
+                               "iterate the newest one")
+
+    @property
+    def dropped_rows(self) -> int:
+        """Rows of a finite pass's incomplete last step dropped (``Batch(drop_last=True)``), counted."""
+        return self.tail.dropped_rows
+
+    @property
+    def padded_rows(self) -> int:
+        """Padding rows delivered in a finite pass's last steps (``Batch(drop_last=False)``)."""
+        return self.tail.padded_rows
 
     def empty_row(self):
         """``empty_row`` of this loader's pump-side operators."""
         return empty_row(self.chain_ops)
 
-    def _drop_rest(self) -> None:
-        """Count (never silently lose) every row left in the owned lanes of a finished stream. More than one
-        step's rows dropped is said aloud (a warning); a pass that delivered no step at all is an error."""
-        empty = [lane for lane in self.lanes  # the lanes that cannot fill another step
-                 if self._state[lane].finished and len(self._state[lane].rows) < self.rows_per_lane_step]
-        before, delivered = self.dropped_rows, sum(self._state[lane].delivered_rows for lane in self.lanes)
-        for lane in self.lanes:
-            st = self._state[lane]
-            self._ensure(lane, float("inf"))
-            self.dropped_rows += len(st.take(len(st.rows)))
-        dropped = self.dropped_rows - before
-        if not dropped:
-            return
-        why = (f"lanes {empty} of dp_rank {self.dp_rank} ran out of rows, so with Batch(drop_last=True) no later step "
-               f"is complete and the {dropped} rows left in its other lanes are dropped (loader.stats()"
-               f"['dropped_rows'])")
-        if delivered == 0:
-            raise DataError(f"this finite pass delivered no step: {why}. Its samples are spread unevenly over the "
-                            f"lanes (every sample of some lanes skipped or filtered?); use Batch(drop_last=False), "
-                            f"which pads the last steps instead, or fewer canonical_replicas")
-        if dropped > len(self.lanes) * self.rows_per_lane_step:
-            warnings.warn(f"finite pass: {why}; use Batch(drop_last=False) to deliver them (the last steps padded)",
-                          DataWarning, stacklevel=2)
-
-    def _ensure(self, lane: int, n: int) -> None:
+    def ensure(self, lane: int, n: int) -> None:
+        """Work until ``lane`` holds ``n`` rows (``float("inf")``: all) or has ended."""
         st = self._state[lane]
         while len(st.rows) < n and not st.finished:
             self._fill(lane, n)
@@ -421,7 +325,7 @@ class Loader:
         training (restored counts included; the checkpoint's per-lane ``delivered_rows`` also counts
         dropped rows, as consumed). When ranks share a lane (``lane_shares`` > 1) the row counts are this rank's
         block of the lane's rows (``sharing.shared_stats``); the other counts are the whole lane's work."""
-        self._commit_handed()
+        self.tail.commit()
         sts = list(self._state.values())
         msgs = [m for s in sts for m in s.skipped_messages][:20]
         out = {"skipped": sum(s.skipped for s in sts), "skipped_messages": msgs,

@@ -13,6 +13,8 @@ docs/distributed.md, "More ranks than lanes".
 """
 from __future__ import annotations
 
+from ..formats.records import LANE, MICRO, STATE, STEP
+
 
 def shared_micro_batches(loader, steps):
     """Filter a sharing rank's lane micro-batches down to its block of each step.
@@ -20,7 +22,7 @@ def shared_micro_batches(loader, steps):
     Args:
         loader: the ``Loader`` (``lane_shares`` > 1, ``share_index``, ``rows_per_lane_step``,
             ``batch.micro_batch_size``; it owns one lane, or none as a host worker without a share).
-        steps: the loader's own iterator over its lane's micro-batches (``Loader._steps()``), in (step,
+        steps: the loader's own iterator over its lane's micro-batches (``Tail.steps``), in (step,
             micro-batch) order; micro-batch ``j`` of a step holds the lane's rows ``[j*m, (j+1)*m)`` of it.
     Yields the micro-batches ``j`` with ``index*b <= j < (index+1)*b`` (``b = rows_per_lane_step / (shares *
     micro_batch_size)``), ``__micro__`` unchanged (the lane's index, so every rank's micro-batches of a lane
@@ -33,8 +35,8 @@ def shared_micro_batches(loader, steps):
     lo, hi = loader.share_index * b, (loader.share_index + 1) * b
     held = None  # this rank's last micro-batch of the step, waiting for the rest of the step to be taken
     for mb in steps:
-        j = mb["__micro__"]
-        if held is not None and (mb["__step__"] != held["__step__"]):
+        j = mb[MICRO]
+        if held is not None and (mb[STEP] != held[STEP]):
             yield _settled(loader, held)  # the step ended early (a finite lane's short tail)
             held = None
         if lo <= j < hi:
@@ -52,11 +54,11 @@ def shared_micro_batches(loader, steps):
 def _settled(loader, mb: dict) -> dict:
     """``mb`` with its lane's state read once the lane holds its next row (or ended): a span whose rows
     were all taken is then sealed on every rank alike, whatever its prefetch, so the entry is the same."""
-    lane = mb["__lane__"]
-    loader._commit_handed()  # the step's micro-batches pulled so far count as delivered (this filter has them)
-    loader._ensure(lane, 1)
+    lane = mb[LANE]
+    loader.tail.commit()  # the step's micro-batches pulled so far count as delivered (this filter has them)
+    loader.ensure(lane, 1)
     if loader.emit_state:
-        mb["__state__"] = loader._state[lane].state()
+        mb[STATE] = loader.lane(lane).state()
     return mb
 
 

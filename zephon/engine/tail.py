@@ -1,0 +1,180 @@
+"""The tail multiplexer: the owned lanes' rows -> micro-batches in step order, and what that decides.
+
+It chooses the next step (lanes behind go first after a ragged checkpoint), pads a finite pass's last steps
+(``Batch(drop_last=False)``) or drops and counts its incomplete tail (``drop_last=True``), builds each
+micro-batch and commits it as delivered only once the consumer asked for the next one (``handed``), and,
+when ranks share a lane, keeps this rank's block of each step (``sharing``). The lanes themselves (their
+pipelines, dispatch and replay) are the ``Loader``'s. See docs/concepts.md ("tail multiplexer").
+"""
+from __future__ import annotations
+
+import warnings
+
+from ..formats import DataError, DataWarning
+from ..formats.records import LANE, MICRO, PAD, ROWS, STATE, STEP
+from ..ops.batch import collate, padding_row
+
+
+class Tail:
+    """One Loader's tail multiplexer (it lives as long as the Loader; counts survive its iterations).
+
+    Args:
+        loader: the ``Loader`` whose owned lanes (``lanes``, their ``LanePipeline``s) it multiplexes.
+    Attributes: ``dropped_rows`` (rows of a finite pass's incomplete last step, with drop_last),
+    ``padded_rows`` (padding rows delivered), ``handed`` (``(lane pipeline, cursor after, real rows, padding
+    rows)`` of the micro-batch last yielded and not yet committed)."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.handed = None
+        self.template = None  # a delivered row: the shape of padding rows
+        self.dropped_rows = 0
+        self.padded_rows = 0
+
+    # -- delivery -------------------------------------------------------------------------------
+    def commit(self) -> None:
+        """Count the micro-batch last yielded (``handed``) as delivered. Safe against an interrupt anywhere
+        inside: the commit is one store of the lane's precomputed cursor (idempotent), and ``handed`` is
+        cleared only after it; what follows only frees memory (a dead iterator's buffers are never reused)."""
+        handed = self.handed
+        if handed is None:
+            return
+        st, after, n_real, n_pad = handed
+        st.cursor = after
+        self.handed = None
+        self.padded_rows += n_pad
+        st.drop()
+
+    def steps(self, generation: int):
+        """The owned lanes' micro-batches in step order until they end: within a step, micro-batch ``j`` of
+        every ready lane in lane order, then ``j + 1``. ``generation``: the Loader's iteration this belongs to
+        (a newer ``iter()`` or ``restore()`` makes this one raise ``RuntimeError``)."""
+        plan = self.loader.plan
+        pad = plan.finite and not plan.batch.drop_last and plan.pad_tail  # every lane fills every step
+        while True:
+            chosen = self._next_step(pad)
+            if chosen is None:
+                return
+            step, ready, offset = chosen
+            for j in range(plan.rows_per_lane_step // plan.micro_batch_size):
+                for lane in ready:
+                    yield from self._micro_batch(lane, step, j, offset[lane], pad, generation)
+
+    def _next_step(self, pad: bool):
+        """``(step, ready lanes, {lane: rows of the step already delivered})`` of the next step, or None when
+        the stream ends here (its incomplete tail dropped and counted, with drop_last)."""
+        L, rps = self.loader, self.loader.plan.rows_per_lane_step
+        drop_last = L.plan.batch.drop_last
+        active = self._active(pad)
+        if not active:
+            return None
+        if drop_last and len(active) < len(L.lanes):
+            self.drop_rest()  # a lane of this rank has ended: no complete step can follow
+            return None
+        candidates = L.lanes if pad else active
+        # Step order even after a ragged (mid-step, per-rank) checkpoint: lanes behind go first.
+        step = min(L.lane(lane).delivered_rows // rps for lane in candidates)
+        offset, ready, short = {}, [], False
+        for lane in candidates:
+            st = L.lane(lane)
+            if st.delivered_rows // rps != step:
+                continue
+            offset[lane] = st.delivered_rows % rps  # non-zero only after a mid-step checkpoint
+            L.ensure(lane, rps - offset[lane])
+            if len(st.rows) >= rps - offset[lane] or pad or (st.rows and not drop_last):
+                ready.append(lane)
+            else:  # this lane ended inside the step (only matters with drop_last)
+                short = True
+        if short and drop_last:
+            self.drop_rest()  # a finite stream's last, incomplete step: this rank stops here
+            return None
+        if pad and all(offset[lane] == 0 and _spent(L.lane(lane)) for lane in ready):
+            return None  # every lane ran out at a step boundary (a restore after the pass's end): nothing owed
+        return step, ready, offset
+
+    def _active(self, pad: bool) -> list[int]:
+        """Owned lanes with rows still to deliver (with padding: also a lane that ran out mid-step, which still
+        owes that step's padding, after a restore there)."""
+        L, rps = self.loader, self.loader.plan.rows_per_lane_step
+        active = [lane for lane in L.lanes if not _spent(L.lane(lane))]
+        if pad:
+            active += [lane for lane in L.lanes if lane not in active and L.lane(lane).delivered_rows % rps]
+        return active
+
+    def _micro_batch(self, lane: int, step: int, j: int, offset: int, pad: bool, generation: int):
+        """Yield micro-batch ``j`` of ``lane``'s ``step`` (nothing when the lane delivered it before a
+        mid-step checkpoint, or has no row and owes no padding)."""
+        L, m = self.loader, self.loader.plan.micro_batch_size
+        start = max(j * m, offset)
+        if start >= (j + 1) * m:
+            return
+        L.check_generation(generation)
+        # Rows count as delivered only once the consumer has their micro-batch: peek, build everything,
+        # mark it handed (a plain store, nothing in between that can raise) and commit it when the consumer
+        # asks for more (or checkpoint()/iter()/restore() does).
+        st = L.lane(lane)
+        rows = st.peek((j + 1) * m - start)
+        if rows and self.template is None:
+            self.template = rows[0]
+        n_real = len(rows)
+        n_pad = (j + 1) * m - start - n_real if pad else 0
+        if n_pad:
+            rows += self.padding(n_pad)
+        if not rows:
+            return
+        mb = collate(rows)
+        mb[LANE], mb[STEP], mb[MICRO] = lane, step, j
+        if n_pad:
+            mb[PAD] = n_pad
+        after = st.cursor_after(n_real, n_pad)  # the lane's cursor once mb is consumed
+        if L.emit_state:
+            mb[STATE] = st.state(after)
+            mb[ROWS] = len(rows)
+        self.handed = (st, after, n_real, n_pad)
+        yield mb
+        self.commit()
+        st.drop()  # finishes a drop an interrupted checkpoint() left (idempotent)
+
+    # -- a finite pass's end --------------------------------------------------------------------
+    def padding(self, n: int) -> list[dict]:
+        """``n`` padding rows shaped like a delivered row (``ops.batch.padding_row``). Raises ``RuntimeError``
+        when the loader has delivered no row to copy the shape from."""
+        L = self.loader
+        if self.template is None:
+            buffered = [st.rows[0][1] for st in L.lane_pipelines() if st.rows]  # (span, row, k)
+            self.template = buffered[0] if buffered else L.empty_row()
+        if self.template is None:
+            raise RuntimeError(f"lanes {L.lanes} delivered no row in this pass (every sample filtered or "
+                               f"skipped?), so the padding of its last steps (drop_last=False) has no row shape "
+                               f"to copy; use fewer canonical_replicas")
+        return [padding_row(self.template)] * n
+
+    def drop_rest(self) -> None:
+        """Count (never silently lose) every row left in the owned lanes of a finished stream. More than one
+        step's rows dropped is said aloud (a warning); a pass that delivered no step at all is an error."""
+        L, rps = self.loader, self.loader.plan.rows_per_lane_step
+        empty = [lane for lane in L.lanes  # the lanes that cannot fill another step
+                 if L.lane(lane).finished and len(L.lane(lane).rows) < rps]
+        before, delivered = self.dropped_rows, sum(L.lane(lane).delivered_rows for lane in L.lanes)
+        for lane in L.lanes:
+            st = L.lane(lane)
+            L.ensure(lane, float("inf"))
+            self.dropped_rows += len(st.take(len(st.rows)))
+        dropped = self.dropped_rows - before
+        if not dropped:
+            return
+        why = (f"lanes {empty} of dp_rank {L.plan.dp_rank} ran out of rows, so with Batch(drop_last=True) no later "
+               f"step is complete and the {dropped} rows left in its other lanes are dropped (loader.stats()"
+               f"['dropped_rows'])")
+        if delivered == 0:
+            raise DataError(f"this finite pass delivered no step: {why}. Its samples are spread unevenly over the "
+                            f"lanes (every sample of some lanes skipped or filtered?); use Batch(drop_last=False), "
+                            f"which pads the last steps instead, or fewer canonical_replicas")
+        if dropped > len(L.lanes) * rps:
+            warnings.warn(f"finite pass: {why}; use Batch(drop_last=False) to deliver them (the last steps padded)",
+                          DataWarning, stacklevel=2)
+
+
+def _spent(st) -> bool:
+    """A lane pipeline that ended and holds no row."""
+    return st.finished and not st.rows
