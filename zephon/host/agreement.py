@@ -101,38 +101,53 @@ def padded_steps(groups, lanes, entries, rows_per_lane_step: int, micro_batch_si
     it = itertools.chain(groups, [None])
     group = next(it)
     state = {e["lane"]: dict(e) for e in entries}
-    micros = rows_per_lane_step // micro_batch_size
-    per = micros // share[0]
+    per = rows_per_lane_step // micro_batch_size // share[0]
     block = range(share[1] * per, (share[1] + 1) * per)  # the micro-batches of a step this rank delivers
-
-    def owes(lane, step, micro):  # the lane has not delivered (step, micro) yet
-        return state[lane]["delivered_rows"] < step * rows_per_lane_step + (micro + 1) * micro_batch_size
-
     step = min(e["delivered_rows"] for e in entries) // rows_per_lane_step
     while True:
-        buffered = {}
-        if group is not None and group[0][0]["step"] < step:
-            raise RuntimeError(f"lane items of step {group[0][0]['step']} arrived after step {step} was released")
-        while group is not None and group[0][0]["step"] == step:
-            buffered[group[0][0]["micro"]] = group
-            group = next(it)
+        buffered, group = _take_step(it, group, step)
         if not agreement.agree(bool(buffered), any_rank=True):
             return
         for micro in block:
-            got = {}
-            for meta, payload in buffered.get(micro, ()):
-                got.setdefault(meta["lane"], []).append((meta, payload))
-                if meta.get("last", True):
-                    state[meta["lane"]] = dict(meta["state"])
-            out = []
-            for lane in lanes:
-                if lane in got:
-                    out.extend(got[lane])
-                elif owes(lane, step, micro):
-                    upto = micros if micro == block[-1] else micro + 1  # a shared lane: through the step
-                    entry = dict(state[lane], delivered_rows=(step * micros + upto) * micro_batch_size)
-                    state[lane] = entry
-                    out.append(padding(lane, step, micro, entry))
+            out = _padded_micro(buffered.get(micro, ()), lanes, state, (step, micro, micro == block[-1]),
+                                rows_per_lane_step, micro_batch_size, padding)
             if out:
                 yield out
         step += 1
+
+
+def _take_step(it, group, step: int):
+    """``({micro: group}, next group)``: the groups of ``step`` read from ``it`` starting at ``group``.
+    Raises ``RuntimeError`` for a group of an earlier step (released already)."""
+    buffered = {}
+    if group is not None and group[0][0]["step"] < step:
+        raise RuntimeError(f"lane items of step {group[0][0]['step']} arrived after step {step} was released")
+    while group is not None and group[0][0]["step"] == step:
+        buffered[group[0][0]["micro"]] = group
+        group = next(it)
+    return buffered, group
+
+
+def _padded_micro(items, lanes, state: dict, where: tuple, rows_per_lane_step: int, micro_batch_size: int,
+                  padding) -> list:
+    """One (step, micro-batch) of ``lanes``: the lanes' ``items``, and a padding item for every lane that has
+    none and owes it. ``state``: ``{lane: entry}``, updated with what is released. ``where``: ``(step, micro,
+    last)``, ``last`` when the micro-batch is this rank's last of the step (a shared lane's entry then covers
+    the whole step)."""
+    step, micro, last = where
+    micros = rows_per_lane_step // micro_batch_size
+    got = {}
+    for meta, payload in items:
+        got.setdefault(meta["lane"], []).append((meta, payload))
+        if meta.get("last", True):
+            state[meta["lane"]] = dict(meta["state"])
+    out = []
+    for lane in lanes:
+        if lane in got:
+            out.extend(got[lane])
+        elif state[lane]["delivered_rows"] < step * rows_per_lane_step + (micro + 1) * micro_batch_size:
+            upto = micros if last else micro + 1  # the lane has not delivered (step, micro) yet
+            entry = dict(state[lane], delivered_rows=(step * micros + upto) * micro_batch_size)
+            state[lane] = entry
+            out.append(padding(lane, step, micro, entry))
+    return out

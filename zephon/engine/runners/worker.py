@@ -111,12 +111,27 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
     threading.Thread(target=_watch_parent, args=(ppid,), daemon=True, name="zephon-parent-watch").start()
     sock = socket.socket(fileno=fd)
+    stage, use_shm, threshold = _setup(sock)
+    tasks: queue.SimpleQueue = queue.SimpleQueue()
+    threading.Thread(target=_read_tasks, args=(sock, tasks), daemon=True, name="zephon-task-reader").start()
+    while True:
+        item = tasks.get()
+        if item is None:
+            break
+        _serve(sock, stage, item, threshold if use_shm else None)
+    sock.close()
+    os._exit(0)
+
+
+def _setup(sock):
+    """Receive and load the stage: ``(stage, use shared memory, threshold)``. A failure is reported to the
+    parent (an unguarded main script as such, so the parent names the fix) and ends the worker."""
     try:
         prep, stage_bytes, threshold = recv_msg(sock)
         _prepare(prep)
         stage = pickle.loads(stage_bytes)
         from .. import shm
-        use_shm = threshold is not None and shm.available()
+        return stage, threshold is not None and shm.available(), threshold
     except (EOFError, OSError):
         os._exit(0)
     except BaseException as e:  # noqa: BLE001 (reported to the parent, which raises it)
@@ -127,32 +142,30 @@ def main() -> None:
         except OSError:
             pass  # the parent is gone or already stopped the pool (another worker's report)
         os._exit(1)
-    tasks: queue.SimpleQueue = queue.SimpleQueue()
-    threading.Thread(target=_read_tasks, args=(sock, tasks), daemon=True, name="zephon-task-reader").start()
-    while True:
-        item = tasks.get()
-        if item is None:
-            break
-        tid, ptrs = item
-        fd_out = None
-        try:
-            res = stage.run(ptrs)
-            size = 0
-            if use_shm:
-                res.records, fd_out, size = shm.pack(res.records, threshold)
-            data = pickle.dumps(("ok", tid, res, size, fd_out is not None), protocol=pickle.HIGHEST_PROTOCOL)
-        except BaseException as e:  # noqa: BLE001 (a bug in an operator: the parent raises it in order)
-            if fd_out is not None:
-                os.close(fd_out)
-            data, fd_out = pickle.dumps(("err", tid, _picklable(e), traceback.format_exc())), None
-        try:
-            send_bytes(sock, data)
-            if fd_out is not None:
-                shm.send_fd(sock, fd_out)
-        except OSError:  # the parent is gone
-            os._exit(0)
-        finally:
-            if fd_out is not None:
-                os.close(fd_out)
-    sock.close()
-    os._exit(0)
+
+
+def _serve(sock, stage, item, threshold) -> None:
+    """Run one task ``item`` (``(tid, pointers)``) and send its result (records in shared memory past
+    ``threshold`` bytes, None: pickled only). Ends the worker when the parent is gone."""
+    from .. import shm
+    tid, ptrs = item
+    fd_out = None
+    try:
+        res = stage.run(ptrs)
+        size = 0
+        if threshold is not None:
+            res.records, fd_out, size = shm.pack(res.records, threshold)
+        data = pickle.dumps(("ok", tid, res, size, fd_out is not None), protocol=pickle.HIGHEST_PROTOCOL)
+    except BaseException as e:  # noqa: BLE001 (a bug in an operator: the parent raises it in order)
+        if fd_out is not None:
+            os.close(fd_out)
+        data, fd_out = pickle.dumps(("err", tid, _picklable(e), traceback.format_exc())), None
+    try:
+        send_bytes(sock, data)
+        if fd_out is not None:
+            shm.send_fd(sock, fd_out)
+    except OSError:  # the parent is gone
+        os._exit(0)
+    finally:
+        if fd_out is not None:
+            os.close(fd_out)
