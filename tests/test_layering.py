@@ -252,7 +252,7 @@ def test_adapters_use_only_the_public_core(tree_imports):
 # Modules the synthetic sources name: some do not exist yet (zephon.host, zephon.checkpoint are being created),
 # others will go (zephon.engine.checkpoint); the negative tests must not depend on the tree of the day.
 SYNTHETIC_MODULES = frozenset({"zephon.engine.checkpoint", "zephon.engine.stage", "zephon.checkpoint.schema",
-                               "zephon.checkpoint.merge", "zephon.host.shares", "zephon.ops.pack"})
+                               "zephon.checkpoint.merge", "zephon.host.workers", "zephon.ops.pack"})
 
 
 def _check(rule, rel_path: str, source: str) -> list[str]:
@@ -267,7 +267,7 @@ def _check(rule, rel_path: str, source: str) -> list[str]:
     # work never imports ops, engine, host (a lazy import inside a function)
     ("zephon/work/source.py", "def f():\n    from ..ops.pack import Pack\n", "zephon.ops.pack"),
     ("zephon/work/source.py", "from zephon.engine import Loader\n", "zephon.engine"),
-    ("zephon/work/lanes.py", "from zephon.host import shares\n", "zephon.host.shares"),
+    ("zephon/work/lanes.py", "from zephon.host import workers\n", "zephon.host.workers"),
     # ops never import engine, host
     ("zephon/ops/pack.py", "from ..engine.stage import error_for\n", "zephon.engine.stage"),
     ("zephon/ops/__init__.py", "from ..host import x\n", "zephon.host"),
@@ -276,11 +276,11 @@ def _check(rule, rel_path: str, source: str) -> list[str]:
     ("zephon/checkpoint/merge.py", "from ..work.permute import derive_key\n", "zephon.work.permute"),
     ("zephon/checkpoint/__init__.py", "from .. import host\n", "zephon.host"),
     # engine never imports host, nor the facade on top of it
-    ("zephon/engine/loader.py", "from ..host.shares import worker_share\n", "zephon.host.shares"),
+    ("zephon/engine/loader.py", "from ..host.workers import worker_lanes\n", "zephon.host.workers"),
     ("zephon/engine/loader.py", "import importlib\nimportlib.import_module('zephon.host')\n", "zephon.host"),
     ("zephon/engine/loader.py", "from .. import Loader\n", "zephon"),
     # host never imports the tools on top (cli)
-    ("zephon/host/shares.py", "def f():\n    from ..cli import main\n", "zephon.cli"),
+    ("zephon/host/workers.py", "def f():\n    from ..cli import main\n", "zephon.cli"),
 ])
 def test_layer_rule_reports_a_forbidden_import(rel_path, source, target):
     found = _check(layer_violations, rel_path, source)
@@ -292,7 +292,7 @@ def test_layer_rule_reports_a_forbidden_import(rel_path, source, target):
     ("zephon/ops/shuffle.py", "from ..work.permute import mix64\nfrom ..formats import DataError\n"),
     ("zephon/checkpoint/schema.py", "from ..formats.fileio import atomic_write\n"),
     ("zephon/engine/loader.py", "from ..checkpoint import merge_states\nfrom . import lane\n"),
-    ("zephon/host/shares.py", "from ..engine import Loader\nfrom ..checkpoint import schema\n"),
+    ("zephon/host/workers.py", "from ..engine import Loader\nfrom ..checkpoint import schema\n"),
     ("zephon/cli.py", "from .engine import Loader\nfrom .verify import format_table\n"),
 ])
 def test_layer_rule_accepts_allowed_imports(rel_path, source):
@@ -301,7 +301,7 @@ def test_layer_rule_accepts_allowed_imports(rel_path, source):
 
 @pytest.mark.parametrize("rel_path,source", [
     ("zephon/engine/loader.py", "import zephon_torch\n"),
-    ("zephon/host/shares.py", "def f():\n    from zephon_energon.loader import SavableDataLoader\n"),
+    ("zephon/host/workers.py", "def f():\n    from zephon_energon.loader import SavableDataLoader\n"),
     ("zephon/cli.py", "import importlib\nimportlib.import_module('zephon_streaming.dataset')\n"),
 ])
 def test_core_adapter_rule_reports_a_forbidden_import(rel_path, source):

@@ -185,8 +185,8 @@ def _run_verify(args, tokenizer_path) -> int:
 def _throughput(make_loader, seconds: float, workers: int, runner: str) -> None:
     from .engine import make_runner
 
-    template = make_loader(1, 0, 1, "inline")
-    r = make_runner(runner, template.stage, workers)
+    stage = make_loader(1, 0, 1, "inline").plan.stage  # what the shared runner's workers run
+    r = make_runner(runner, stage, workers)
     L = make_loader(1, 0, 1, r)
     tokens = rows = 0
     it = iter(L)

@@ -63,8 +63,8 @@ def run_phase(make_loader, phase: Phase, restore_from: dict | None = None, progr
     ``[start, stop)``. ``make_loader(dp, rank, micro_batch, runner) -> Loader``. Returns the loaders
     (so the caller can checkpoint them); closes the shared runner."""
     t0 = time.perf_counter()
-    template = make_loader(1, 0, phase.micro_batch, "inline")
-    runner = make_runner(phase.runner, template.stage, phase.workers)
+    stage = make_loader(1, 0, phase.micro_batch, "inline").plan.stage  # what the shared runner's workers run
+    runner = make_runner(phase.runner, stage, phase.workers)
     try:
         loaders = [make_loader(phase.dp, r, phase.micro_batch, runner) for r in range(phase.dp)]
         if restore_from is not None:

@@ -1,6 +1,6 @@
 """``get_savable_loader`` / ``get_loader``: torch DataLoaders over an ``EnergonDataset``.
 
-DataLoader workers each iterate a share of the rank's lanes and send ``(meta, batch)`` pairs; the
+DataLoader workers each iterate their lanes (part of the rank's) and send ``(meta, batch)`` pairs; the
 dataset's ``zephon.host.RankSession`` puts them back in the rank's order (step, micro-batch, lane), agrees
 with the other ranks where a finite pass ends, and records each lane's checkpoint entry as its batch is
 handed to the training loop. ``save_state_rank()`` is therefore exactly what was consumed, independent of

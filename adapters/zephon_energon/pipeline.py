@@ -10,7 +10,7 @@ It is a torch ``IterableDataset`` holding one data-parallel rank's Zephon pipeli
       -> tail: ``batch_size`` rows of one lane per micro-batch (``batch_drop_last``) [Batch]
       -> ``task_encoder.batch`` + ``encode_batch`` on that lane micro-batch.
 
-Iterated by a DataLoader worker it runs that worker's share of the rank's lanes and yields ``(meta, batch)``
+Iterated by a DataLoader worker it runs that worker's lanes and yields ``(meta, batch)``
 pairs whose ``meta`` carries the lane's checkpoint entry (``zephon.host.RankSession.worker_items``); the
 loaders of this package (``get_savable_loader``) put the lanes back in the rank's order, agree where a
 finite pass ends and keep the consumed state through the same session.
@@ -65,7 +65,7 @@ class EnergonDataset(IterableDataset):
                         "limit (val): packing, SkipSample and generator hooks change it")
 
     def __iter__(self):
-        """This process's share of the rank's lanes (a DataLoader worker's, or all of them without workers):
+        """This process's lanes (a DataLoader worker's, or all of them without workers):
         ``(meta, payload)`` items of ``RankSession.worker_items``, payloads from ``_finish``."""
         info = get_worker_info()
         W, w = (0, 0) if info is None else (info.num_workers, info.id)

@@ -3,7 +3,7 @@
 In the main process (no DataLoader workers) the rank's lanes run here. Under ``torch.utils.data.DataLoader(ds,
 batch_size=ds.batch_size, num_workers=W)`` torch collates ``batch_size`` consecutive samples of one worker and asks
 the workers in turn, so worker ``(k - k0) % W`` yields the rank's whole step ``k``; ``zephon.host.exchange_steps``
-gives it that step while each worker computes only its share of the lanes. ``StreamingDataLoader`` instead takes
+gives it that step while each worker computes only its own lanes. ``StreamingDataLoader`` instead takes
 each worker's lane micro-batches (``zephon.host.worker_steps``) and reassembles the rank's steps in the main
 process. Either way the process that hands a step out publishes the rank's lane entries after it on the side
 channel, for ``state_dict``.
@@ -52,7 +52,7 @@ class RankIteration:
             steps.close()
 
     def _iter_lane_bundles(self):
-        """For ``StreamingDataLoader``'s workers: this worker's share of the lanes (``zephon.host.worker_lanes``),
+        """For ``StreamingDataLoader``'s workers: this worker's lanes (``zephon.host.worker_lanes``),
         one item per step, the list of its lanes' ``(meta, micro-batch)`` of that step. One item per step and
         worker keeps torch's round robin in step order and costs one transfer per step, not one per lane."""
         claim = self._channel.current()

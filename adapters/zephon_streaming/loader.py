@@ -1,6 +1,6 @@
 """``StreamingDataLoader``: a ``torch.utils.data.DataLoader`` whose workers split the rank's lanes.
 
-Each worker computes its share of the rank's lanes (``zephon.host.worker_lanes``) and sends one item per step, the
+Each worker computes its own lanes (``zephon.host.worker_lanes``) and sends one item per step, the
 list of its lanes' micro-batches (``batch_size=None`` underneath). The main process puts the rank's steps back
 together and records every lane's entry as the step is handed out (``zephon.host.RankSession.ordered_groups``), so
 the state is exactly what the training loop received, whatever ``num_workers`` and ``prefetch_factor``. This module

@@ -1,7 +1,7 @@
 """A Zephon pipeline as a ``torch.utils.data.IterableDataset``.
 
 Translation only: the rank's plumbing (worker shares of the lanes, reassembly, the consumed state) is
-``zephon.host.RankSession``. Each DataLoader worker iterates its share of the rank's lanes, one item per
+``zephon.host.RankSession``. Each DataLoader worker iterates its lanes (part of the rank's), one item per
 lane micro-batch (``batch_size=None``); items carry their lane's checkpoint entry so the consuming process
 can checkpoint exactly what it used, whatever the worker count or prefetch depth
 (``zephon_torch.DataLoader`` / ``StatefulDataLoader`` do this).

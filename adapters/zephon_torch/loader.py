@@ -97,7 +97,7 @@ class _RankStateMixin:
         kwargs["batch_size"] = None
         # The workers always send (meta, numpy micro-batch) items (see _as_is); torch's own default collate
         # spelled out is no collate_fn. A user's collate_fn gets one local micro-batch's samples in the
-        # consuming process: a worker holds only its share of the rank's lanes, never a whole local micro-batch.
+        # consuming process: a worker holds only its lanes, never a whole local micro-batch.
         user = kwargs.pop("collate_fn", None)
         self.user_collate = None if _is_torch_default(user) else user
         kwargs["collate_fn"] = _as_is

@@ -66,7 +66,7 @@ class Loader:
             ranks share each lane: each runs the whole lane and yields block ``share_index`` of each step's
             rows (``rows_per_rank_step`` rows; ``engine.sharing``); ``rows_per_lane_step`` must then be a
             multiple of ``lane_shares * micro_batch_size``.
-        lanes: own only this subset of the rank's lanes (a host loader worker's share,
+        lanes: own only this subset of the rank's lanes (a host loader worker's lanes,
             ``host.worker_lanes``); ``rank_lanes`` keeps the whole rank's. ``[]`` yields nothing.
         emit_state: add ``__state__`` to every micro-batch: its lane's checkpoint entry once that
             micro-batch is consumed (and ``__rows__``, its row count), so the consuming process (a host's
@@ -241,7 +241,7 @@ class Loader:
         """The owned lanes' micro-batches (every block of a shared lane's steps; see ``__iter__``). The
         workers belong to this iteration: they stop when it is exhausted, closed, raises or is garbage-collected
         (unless a newer iteration took them over); the next iteration starts new ones."""
-        if not self.lanes:  # a host worker with no share of the lanes: end at once, start nothing
+        if not self.lanes:  # a host worker with no lanes: end at once, start nothing
             return
         self._start()
         self._generation += 1

@@ -1,4 +1,4 @@
-"""What every host loader needs, once: a worker's share of a rank's lanes, reassembly of lane micro-batches
+"""What every host loader needs, once: a worker's lanes (its part of a rank's lanes), reassembly of lane micro-batches
 in the consuming process with the consumed-state record, end-of-stream agreement across ranks, the
 rank's initial, partial and merged checkpoints, whole rank steps from workers that each compute a share of
 the lanes (``exchange``) and a side channel from workers to the main process (``channel``). Adapters
@@ -12,7 +12,7 @@ from .channel import Channel, private_dir
 from .exchange import StepExchange, exchange_steps, worker_steps
 from .progress import Progress, initial_state
 from .session import RankSession
-from .shares import worker_lanes
+from .workers import worker_lanes
 from .states import decode_state, encode_state, state_capacity
 
 __all__ = ["Channel", "CheckpointError", "Progress", "RankSession", "StepAgreement", "StepAssembly", "StepExchange",

@@ -1,6 +1,6 @@
 """Putting lane micro-batches from several producers back into the rank's order.
 
-Host loaders run the pipeline in worker processes, each over a share of the rank's lanes. Their items
+Host loaders run the pipeline in worker processes, each over some of the rank's lanes. Their items
 arrive interleaved by the host (torch's DataLoader takes one from each worker in turn), and after a
 mid-step checkpoint restored with another worker count, workers start at different points. The rank's
 order is (step, micro-batch index, lane): a group is released once every lane that still owes an item

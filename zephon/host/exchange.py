@@ -1,9 +1,9 @@
-"""Whole rank steps from host workers that each compute a share of the lanes: the step exchange.
+"""Whole rank steps from host workers that each compute some of the rank's lanes: the step exchange.
 
 A host that batches inside its worker processes (``torch.utils.data.DataLoader(ds, batch_size=<rank batch>,
 num_workers=W)``) collates consecutive samples of ONE worker and asks the workers for batches in turn, so worker
 ``(k - k0) % W`` must yield the rank's whole step ``k`` (every lane, rank order). Each worker still computes only
-its share of the lanes (``worker_lanes``): it publishes its lanes' micro-batches of the steps other workers yield
+its lanes (``worker_lanes``): it publishes its lanes' micro-batches of the steps other workers yield
 into a private directory, and collects the other workers' micro-batches of the steps it yields. The files are
 pickles: transport between the workers of one host iteration in a private temporary directory, as torch's own
 worker queues pickle; never a checkpoint. Each is written atomically and removed by the worker that collects it.
@@ -33,7 +33,7 @@ import time
 
 from ..checkpoint import lane_ranges
 from ..formats.fileio import atomic_write
-from .shares import worker_lanes
+from .workers import worker_lanes
 
 _POLL_MIN, _POLL_MAX = 0.0005, 0.02  # seconds between looks at the directory (doubling while nothing arrives)
 ACTIVE = ("busy", "idle")
@@ -53,7 +53,7 @@ def rank_order(items, lanes) -> list:
 
 
 def worker_steps(session, num_workers: int, worker_id: int, end_step: int, **item_kwargs):
-    """This worker's share of the rank's lanes, cut into steps: yields ``(step, items)`` for every step from the
+    """This worker's lanes, cut into steps: yields ``(step, items)`` for every step from the
     session's start to ``end_step`` (exclusive), ``items`` the share's ``(meta, payload)`` of that step (empty for
     a worker without lanes). Never computes past ``end_step``: a step is complete when each of its lanes delivered
     its last micro-batch.

@@ -1,6 +1,6 @@
 """``RankSession``: one data-parallel rank of a host loader, on both sides of the host's worker processes.
 
-Worker side: a worker's share of the rank's lanes runs in its own ``Loader``, which starts from the state
+Worker side: a worker's lanes run in its own ``Loader``, which starts from the state
 the rank last consumed and sends ``(meta, payload)`` items, one per lane micro-batch (or several, when a
 host hook turns one micro-batch into several batches). Consuming side: the items, in whatever order the
 host interleaves its workers, are put back into the rank's order (step, micro-batch, lane), a finite
@@ -19,7 +19,7 @@ from ..ops.batch import collate, padding_micro_batch, padding_row
 from .agreement import StepAgreement, _dist, agreed_steps, padded_steps
 from .assembly import StepAssembly
 from .progress import Progress, initial_state
-from .shares import worker_lanes
+from .workers import worker_lanes
 
 log = logging.getLogger("zephon")
 
@@ -102,7 +102,7 @@ class RankSession:
 
     # -- worker side ------------------------------------------------------------------------------
     def worker_loader(self, num_workers: int = 0, worker_id: int = 0, runner="inline", workers: int = 1):
-        """A ``Loader`` over worker ``worker_id`` of ``num_workers``'s share of the rank's lanes (0 workers:
+        """A ``Loader`` over worker ``worker_id`` of ``num_workers``'s lanes (0 workers:
         the whole rank), starting from the session's current state; None when the share is empty."""
         lanes = None if num_workers == 0 else worker_lanes(self.rank_lanes, num_workers, worker_id)
         if lanes == []:
@@ -114,7 +114,7 @@ class RankSession:
 
     def worker_items(self, num_workers: int = 0, worker_id: int = 0, *, finish=None, runner="inline",
                      workers: int = 1):
-        """Iterate this worker's share and yield ``(meta, payload)``.
+        """Iterate this worker's lanes and yield ``(meta, payload)``.
 
         meta: ``lane``, ``step``, ``micro``, ``rows`` (rows of the lane micro-batch), ``state`` (its lane's
         checkpoint entry once consumed), ``last`` (the micro-batch's final item), ``skip`` (an item that
@@ -122,7 +122,7 @@ class RankSession:
         bookkeeping keys, or each of ``finish(mb)``'s results. A finite stream's rows this worker dropped
         end the stream as ``({"dropped_rows": n}, None)``."""
         L = self.worker_loader(num_workers, worker_id, runner, workers)
-        if L is None:  # a worker with no share of the lanes ends at once (the host skips it)
+        if L is None:  # a worker with no lanes ends at once (the host skips it)
             return
         try:
             for mb in L:

@@ -1,4 +1,4 @@
-"""A host loader worker's share of a rank's lanes."""
+"""A host loader worker's lanes: its part of a rank's lanes."""
 from __future__ import annotations
 
 from ..work import TopologyError
