@@ -141,3 +141,18 @@ def atomic_write(path: str | os.PathLike, data: bytes | str, *, durable: bool = 
     """
     with atomic_writer(path, durable=durable) as f:
         f.write(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, exited but not yet reaped by its parent, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no procfs (not Linux): kill() said it exists
+        return True

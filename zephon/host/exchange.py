@@ -32,7 +32,7 @@ import shutil
 import time
 
 from ..checkpoint import lane_ranges
-from ..formats.fileio import atomic_write
+from ..formats.fileio import atomic_write, pid_alive
 from .workers import worker_lanes
 
 _POLL_MIN, _POLL_MAX = 0.0005, 0.02  # seconds between looks at the directory (doubling while nothing arrives)
@@ -237,7 +237,7 @@ class StepExchange:
                 return [it for v in sorted(got) for it in got[v]]
             states = {v: self._status(v) for v in missing}
             for v, st in states.items():
-                if st["state"] in ACTIVE + ("starting",) and not (st["pid"] and not _pid_alive(st["pid"])):
+                if st["state"] in ACTIVE + ("starting",) and not (st["pid"] and not pid_alive(st["pid"])):
                     continue
                 items = self._take(step, v)  # it may have published just before its status changed
                 if items is None:
@@ -269,21 +269,6 @@ def _read_json(path: str):
         return json.load(f)
 
 
-def _pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, exited but not yet reaped by its parent, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):  # no procfs (not Linux): kill() said it exists
-        return True
-
-
 def sweep(parent: str, keep: str, min_age: float = 600.0) -> None:
     """Remove the exchange directories under ``parent`` (but ``keep``) whose iteration is over: no status of a
     live worker that is busy or idle. A directory without any status yet is kept for ``min_age`` seconds (its
@@ -298,7 +283,7 @@ def sweep(parent: str, keep: str, min_age: float = 600.0) -> None:
             continue
         try:
             statuses = [_read_json(os.path.join(d, n)) for n in os.listdir(d) if n.endswith(".json")]
-            active = (any(s["state"] in ACTIVE and _pid_alive(s["pid"]) for s in statuses) if statuses
+            active = (any(s["state"] in ACTIVE and pid_alive(s["pid"]) for s in statuses) if statuses
                       else time.time() - os.path.getmtime(d) < min_age)
         except (OSError, ValueError, KeyError):  # being written or removed by another worker: leave it
             continue

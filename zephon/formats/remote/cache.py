@@ -32,7 +32,7 @@ try:
 except ImportError:  # pragma: no cover - not POSIX: one process per cache directory
     fcntl = None
 
-from ..fileio import atomic_writer
+from ..fileio import atomic_writer, pid_alive
 from .errors import RemoteError
 from .manifest import CacheConflict, Manifest
 
@@ -116,7 +116,7 @@ class LocalCache:
         for rel, _, _ in self._files():
             head, _, name = rel.rpartition("/")
             m = _TMP.match(name)
-            if not m or _alive(int(m.group(2))):
+            if not m or pid_alive(int(m.group(2))):
                 continue
             target = f"{head}/{m.group(1)}" if head else m.group(1)
             if self._lock_free(target):
@@ -299,7 +299,7 @@ class LocalCache:
             name = rel.rsplit("/", 1)[-1]
             m = _TMP.match(name)
             if m:
-                if not _alive(int(m.group(2))):  # left by a killed process
+                if not pid_alive(int(m.group(2))):  # left by a killed process
                     with contextlib.suppress(OSError):
                         os.unlink(self.path(rel))
                         used -= size
@@ -331,16 +331,6 @@ def _counted(rel: str, owned: dict) -> bool:
 def _unlink(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def _evict(path: str) -> bool:
