@@ -111,40 +111,15 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
     threading.Thread(target=_watch_parent, args=(ppid,), daemon=True, name="zephon-parent-watch").start()
     sock = socket.socket(fileno=fd)
-    try:
-        prep, stage_bytes, threshold = recv_msg(sock)
-        _prepare(prep)
-        stage = pickle.loads(stage_bytes)
-        from .. import shm
-        use_shm = threshold is not None and shm.available()
-    except (EOFError, OSError):
-        os._exit(0)
-    except BaseException as e:  # noqa: BLE001 (reported to the parent, which raises it)
-        unguarded = isinstance(e, UnguardedMainError)  # the parent raises it as such, naming the fix
-        try:
-            send_msg(sock, ("fatal", os.getpid(), str(e), "unguarded") if unguarded else
-                     ("fatal", os.getpid(), f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-        except OSError:
-            pass  # the parent is gone or already stopped the pool (another worker's report)
-        os._exit(1)
+    stage, threshold = _receive_stage(sock)
+    from .. import shm  # imported by _receive_stage already
     tasks: queue.SimpleQueue = queue.SimpleQueue()
     threading.Thread(target=_read_tasks, args=(sock, tasks), daemon=True, name="zephon-task-reader").start()
     while True:
         item = tasks.get()
         if item is None:
             break
-        tid, ptrs = item
-        fd_out = None
-        try:
-            res = stage.run(ptrs)
-            size = 0
-            if use_shm:
-                res.records, fd_out, size = shm.pack(res.records, threshold)
-            data = pickle.dumps(("ok", tid, res, size, fd_out is not None), protocol=pickle.HIGHEST_PROTOCOL)
-        except BaseException as e:  # noqa: BLE001 (a bug in an operator: the parent raises it in order)
-            if fd_out is not None:
-                os.close(fd_out)
-            data, fd_out = pickle.dumps(("err", tid, _picklable(e), traceback.format_exc())), None
+        data, fd_out = _run_unit(stage, *item, threshold)
         try:
             send_bytes(sock, data)
             if fd_out is not None:
@@ -156,3 +131,50 @@ def main() -> None:
                 os.close(fd_out)
     sock.close()
     os._exit(0)
+
+
+def _receive_stage(sock: socket.socket):
+    """Receive and unpickle the stage (after the parent's ``_prepare``); exit when that fails.
+
+    sock: the socket to the parent. Returns ``(stage, shm threshold in bytes, None: no shared memory)``.
+    A failure is reported to the parent (``fatal``; ``unguarded`` for an ``UnguardedMainError``, which the
+    parent raises as such, naming the fix), then the process exits; a parent already gone: exit quietly.
+    """
+    try:
+        prep, stage_bytes, threshold = recv_msg(sock)
+        _prepare(prep)
+        stage = pickle.loads(stage_bytes)
+        from .. import shm
+        use_shm = threshold is not None and shm.available()
+    except (EOFError, OSError):
+        os._exit(0)
+    except BaseException as e:  # noqa: BLE001 (reported to the parent, which raises it)
+        unguarded = isinstance(e, UnguardedMainError)
+        try:
+            send_msg(sock, ("fatal", os.getpid(), str(e), "unguarded") if unguarded else
+                     ("fatal", os.getpid(), f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        except OSError:
+            pass  # the parent is gone or already stopped the pool (another worker's report)
+        os._exit(1)
+    return stage, threshold if use_shm else None
+
+
+def _run_unit(stage, tid: int, ptrs, threshold: int | None) -> tuple[bytes, int | None]:
+    """Run one unit: ``(the pickled reply, memfd holding its arrays or None)``.
+
+    stage: the ``WorkStage``. tid: the unit's task id. ptrs: its pointers. threshold: smallest array (bytes)
+    sent through shared memory; None: pickle everything. An exception (a bug in an operator) becomes an
+    ``err`` reply, which the parent raises in order.
+    """
+    from .. import shm
+    fd_out = None
+    try:
+        res = stage.run(ptrs)
+        size = 0
+        if threshold is not None:
+            res.records, fd_out, size = shm.pack(res.records, threshold)
+        return pickle.dumps(("ok", tid, res, size, fd_out is not None), protocol=pickle.HIGHEST_PROTOCOL), fd_out
+    except BaseException as e:  # noqa: BLE001 (a bug in an operator: the parent raises it in order)
+        if fd_out is not None:
+            os.close(fd_out)
+        return pickle.dumps(("err", tid, _picklable(e), traceback.format_exc())), None
