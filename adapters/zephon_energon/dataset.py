@@ -33,6 +33,48 @@ def _build(path, *, split_part, worker_config, batch_size, batch_drop_last, pack
         raise ValueError(f"batch_size must be an int >= 1 or None, got {batch_size!r}")
     if task_encoder is None:
         task_encoder = DefaultTaskEncoder()
+    zk, subflavors = _take_keywords(kwargs, task_encoder)
+
+    sources = _open_sources(path, split_part, {}) if entries is None else entries
+    if subflavors:  # Energon: the keyword merge-overrides the (meta)dataset's subflavors of every sample
+        sources = [(ds, dict(e, subflavors={**(e.get("subflavors") or {}), **subflavors})) for ds, e in sources]
+    datasets, weights, metas = _weights(sources, repeat, zk.get("schedule_step_size"))
+    factories = [SampleFactory(e["path"], getattr(ds, "energon", {}) or {}, e.get("subflavors"))
+                 for ds, e in zip(datasets, metas)]
+    seed = int(getattr(worker_config, "seed_offset", 0) or 0)
+    handler = error_handler(worker_config)
+    ops = [EncodeSamples(factories, task_encoder, postencode=packing_buffer_size is None, seed_offset=seed,
+                         error_handler=handler),
+           Filter(keep, name="zephon_energon.skipped")]
+    if training and shuffle_buffer_size is not None and shuffle_buffer_size > 1:
+        ops.append(Shuffle(int(shuffle_buffer_size), seed=seed))
+    if packing_buffer_size is not None:
+        ops.append(TaskPack(task_encoder, packing_buffer_size, seed_offset=seed, error_handler=handler))
+    ops.append(Batch(batch_size or 1, drop_last=bool(batch_drop_last)))
+
+    total = sum(d.num_samples for d in datasets)
+    R, chunk, assignment = _lane_layout(zk, worker_config, training, total, batch_size)
+    # A shuffle buffer fills once per span (a restore replays at most what a cold start fills); a packing
+    # buffer gets 4 fills between its forced flushes.
+    span = int(zk.get("flush_span") or max(256, 4 * (packing_buffer_size or 0), shuffle_buffer_size or 0))
+    loader_kwargs = dict(seed=seed, canonical_replicas=R, chunk_size=chunk, flush_span=span,
+                         shuffle=training, exhaustion="repeat" if (training and repeat) else "stop",
+                         dp_degree=worker_config.world_size, dp_rank=worker_config.rank,
+                         lane_assignment=assignment, pad_tail=False)  # TaskEncoder batches hold no padding
+    ds = EnergonDataset(datasets=datasets, weights=weights, ops=ops, loader_kwargs=loader_kwargs,
+                        worker_config=worker_config, task_encoder=task_encoder, batch_size=batch_size,
+                        training=training, virtual_epoch_length=virtual_epoch_length, limit=limit,
+                        seed_offset=seed, sources=[e for _, e in sources])
+    _check_lanes(ds, path, total, batch_size, explicit_replicas="canonical_replicas" in zk)
+    return ds
+
+
+def _take_keywords(kwargs: dict, task_encoder) -> tuple[dict, dict | None]:
+    """Pop the Zephon extras and ``subflavors`` off ``kwargs``; refuse every keyword left that cannot be honoured.
+
+    kwargs: the caller's extra keywords (emptied here). task_encoder: the TaskEncoder in use.
+    Returns ``(zephon_keywords, subflavors)``. Raises RefusedKeyword, or ValueError for a non-dict subflavors.
+    """
     zk = {k: kwargs.pop(k) for k in ZEPHON_KEYWORDS if k in kwargs}
     deprecated_keywords(kwargs, task_encoder)
     if kwargs.pop("cache_pool", None) is not None:
@@ -53,25 +95,17 @@ def _build(path, *, split_part, worker_config, batch_size, batch_drop_last, pack
     if overridden(task_encoder, "batch_group_criterion"):
         refuse("task_encoder.batch_group_criterion", "grouped batching (GroupBatchDataset) is not supported: batches "
                "are batch_size rows of one lane")
+    return zk, subflavors
 
-    sources = _open_sources(path, split_part, {}) if entries is None else entries
-    if subflavors:  # Energon: the keyword merge-overrides the (meta)dataset's subflavors of every sample
-        sources = [(ds, dict(e, subflavors={**(e.get("subflavors") or {}), **subflavors})) for ds, e in sources]
-    datasets, weights, metas = _weights(sources, repeat, zk.get("schedule_step_size"))
-    factories = [SampleFactory(e["path"], getattr(ds, "energon", {}) or {}, e.get("subflavors"))
-                 for ds, e in zip(datasets, metas)]
-    seed = int(getattr(worker_config, "seed_offset", 0) or 0)
-    handler = error_handler(worker_config)
-    ops = [EncodeSamples(factories, task_encoder, postencode=packing_buffer_size is None, seed_offset=seed,
-                         error_handler=handler),
-           Filter(keep, name="zephon_energon.skipped")]
-    if training and shuffle_buffer_size is not None and shuffle_buffer_size > 1:
-        ops.append(Shuffle(int(shuffle_buffer_size), seed=seed))
-    if packing_buffer_size is not None:
-        ops.append(TaskPack(task_encoder, packing_buffer_size, seed_offset=seed, error_handler=handler))
-    ops.append(Batch(batch_size or 1, drop_last=bool(batch_drop_last)))
 
-    total = sum(d.num_samples for d in datasets)
+def _lane_layout(zk: dict, worker_config, training: bool, total: int, batch_size) -> tuple[int, int, str]:
+    """Lanes, chunk size and lane assignment of a training or a validation dataset.
+
+    zk: the Zephon keywords given. worker_config: Energon's WorkerConfig. training: a training dataset.
+    total: samples over all sources. batch_size: rows per batch (for the message).
+    Returns ``(canonical_replicas, chunk_size, lane_assignment)``. Raises TopologyError when training ranks
+    outnumber the lanes.
+    """
     if training:
         R = int(zk.get("canonical_replicas", DEFAULT_CANONICAL_REPLICAS))
         chunk = int(zk.get("chunk_size") or max(1, min(256, total // R)))
@@ -81,27 +115,13 @@ def _build(path, *, split_part, worker_config, batch_size, batch_drop_last, pack
                                 f"zephon_energon gives each rank whole batches of batch_size={batch_size} from its "
                                 f"own lanes, so ranks cannot share a lane (zephon_torch and TorchTitan can); set "
                                 f"canonical_replicas (a Zephon keyword) to a multiple of every world size you use")
-    else:
-        # Validation restarts every iteration: no lanes need to outlive a run. Energon splits the split into
-        # world_size x num_workers near-equal slices (one per rank-worker); one lane per rank-worker, samples
-        # dealt one at a time (chunk_size 1) and lanes interleaved over ranks give every lane Energon's slice
-        # size (q or q + 1 samples), so batches are full and ranks' batch counts as balanced as Energon's.
-        R = int(zk.get("canonical_replicas") or worker_config.world_size * max(1, worker_config.num_workers))
-        chunk = int(zk.get("chunk_size") or 1)
-        assignment = zk.get("lane_assignment", "interleaved")
-    # A shuffle buffer fills once per span (a restore replays at most what a cold start fills); a packing
-    # buffer gets 4 fills between its forced flushes.
-    span = int(zk.get("flush_span") or max(256, 4 * (packing_buffer_size or 0), shuffle_buffer_size or 0))
-    loader_kwargs = dict(seed=seed, canonical_replicas=R, chunk_size=chunk, flush_span=span,
-                         shuffle=training, exhaustion="repeat" if (training and repeat) else "stop",
-                         dp_degree=worker_config.world_size, dp_rank=worker_config.rank,
-                         lane_assignment=assignment, pad_tail=False)  # TaskEncoder batches hold no padding
-    ds = EnergonDataset(datasets=datasets, weights=weights, ops=ops, loader_kwargs=loader_kwargs,
-                        worker_config=worker_config, task_encoder=task_encoder, batch_size=batch_size,
-                        training=training, virtual_epoch_length=virtual_epoch_length, limit=limit,
-                        seed_offset=seed, sources=[e for _, e in sources])
-    _check_lanes(ds, path, total, batch_size, explicit_replicas="canonical_replicas" in zk)
-    return ds
+        return R, chunk, assignment
+    # Validation restarts every iteration: no lanes need to outlive a run. Energon splits the split into
+    # world_size x num_workers near-equal slices (one per rank-worker); one lane per rank-worker, samples
+    # dealt one at a time (chunk_size 1) and lanes interleaved over ranks give every lane Energon's slice
+    # size (q or q + 1 samples), so batches are full and ranks' batch counts as balanced as Energon's.
+    R = int(zk.get("canonical_replicas") or worker_config.world_size * max(1, worker_config.num_workers))
+    return R, int(zk.get("chunk_size") or 1), zk.get("lane_assignment", "interleaved")
 
 
 def _check_lanes(ds, path, total, batch_size, explicit_replicas) -> None:

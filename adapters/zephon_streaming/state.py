@@ -116,15 +116,7 @@ class MosaicState:
         mosaicml-streaming state, another config, malformed values, lanes that do not restore)."""
         if obj is None:
             return
-        if not isinstance(obj, dict) or obj.get("format") != STATE_FORMAT:
-            if isinstance(obj, dict) and {"epoch", "sample_in_epoch", "num_canonical_nodes"} <= set(obj):
-                raise CheckpointError(
-                    "this is a mosaicml-streaming state: Zephon's sample order differs from Mosaic's, so a position "
-                    "in Mosaic's order cannot be continued exactly; start this dataset fresh (drop the dataset state "
-                    "from the checkpoint) or resume with streaming.StreamingDataset")
-            raise CheckpointError(f"not a zephon_streaming state (format "
-                                       f"{obj.get('format') if isinstance(obj, dict) else type(obj).__name__!r}, "
-                                       f"expected {STATE_FORMAT!r})")
+        _check_format(obj)
         diffs = []
         if obj.get("global_batch_size") != self.global_batch_size:
             diffs.append(f"global batch size: state has {obj.get('global_batch_size')}, this run has "
@@ -153,3 +145,21 @@ class MosaicState:
         elif n:
             raise CheckpointError(f"malformed state: sample_in_epoch={n} without lane entries")
         self._channel.set_pending(obj)
+
+
+def _check_format(obj) -> None:
+    """Refuse ``obj`` unless it is a zephon_streaming state.
+
+    obj: what ``load_state_dict`` was given (not None). Raises ``CheckpointError`` naming a mosaicml-streaming
+    state as such, and any other object by its format (or type).
+    """
+    if isinstance(obj, dict) and obj.get("format") == STATE_FORMAT:
+        return
+    if isinstance(obj, dict) and {"epoch", "sample_in_epoch", "num_canonical_nodes"} <= set(obj):
+        raise CheckpointError(
+            "this is a mosaicml-streaming state: Zephon's sample order differs from Mosaic's, so a position "
+            "in Mosaic's order cannot be continued exactly; start this dataset fresh (drop the dataset state "
+            "from the checkpoint) or resume with streaming.StreamingDataset")
+    raise CheckpointError(f"not a zephon_streaming state (format "
+                          f"{obj.get('format') if isinstance(obj, dict) else type(obj).__name__!r}, "
+                          f"expected {STATE_FORMAT!r})")

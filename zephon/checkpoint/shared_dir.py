@@ -83,13 +83,7 @@ class DirectoryAggregator(Aggregator):
         """
         if not isinstance(rank, int) or not 0 <= rank < self.world_size:
             raise CheckpointError(f"rank {rank!r} outside [0, {self.world_size})")
-        if tag is None:
-            name = f"round-{self._next_round:08d}"
-            self._next_round += 1
-        elif isinstance(tag, str) and _NAME.match(tag):
-            name = tag
-        else:
-            raise CheckpointError(f"tag must be letters, digits, '.', '_' or '-', got {tag!r}")
+        name = self._round_name(tag)
         try:
             payload = canonical_json({"format": RANK_FORMAT, "rank": rank, "world_size": self.world_size,
                                       "state": state}).encode()
@@ -99,11 +93,7 @@ class DirectoryAggregator(Aggregator):
         round_dir = os.path.join(self.run_dir, name)
         own = os.path.join(round_dir, f"rank-{rank}.json")
         if rank == 0:
-            if not self._cleaned:
-                self._clean_uncommitted()
-                self._cleaned = True
-            for marker in (COMMITTED, FAILED):  # a re-used name: it is not committed until done again
-                _remove(os.path.join(round_dir, marker))
+            self._reset_round(round_dir)
         os.makedirs(round_dir, exist_ok=True)
         atomic_write(own, payload)
         deadline = time.monotonic() + self.timeout
@@ -120,15 +110,48 @@ class DirectoryAggregator(Aggregator):
             if time.monotonic() >= deadline:
                 break
             time.sleep(self.poll_interval)
+        raise self._timed_out(name, rank, round_dir, present)
+
+    def _round_name(self, tag: str | None) -> str:
+        """The round directory's name: ``tag``, or the next ``round-N`` when None.
+
+        tag: the caller's round name or None. Raises ``CheckpointError`` for a tag that is not a plain name.
+        """
+        if tag is None:
+            name = f"round-{self._next_round:08d}"
+            self._next_round += 1
+            return name
+        if isinstance(tag, str) and _NAME.match(tag):
+            return tag
+        raise CheckpointError(f"tag must be letters, digits, '.', '_' or '-', got {tag!r}")
+
+    def _reset_round(self, round_dir: str) -> None:
+        """Rank 0, before writing its state: clear earlier incarnations' leftovers (once per run) and the
+        markers of a re-used round name, which is not committed until done again.
+
+        round_dir: the round's directory (it may not exist yet).
+        """
+        if not self._cleaned:
+            self._clean_uncommitted()
+            self._cleaned = True
+        for marker in (COMMITTED, FAILED):
+            _remove(os.path.join(round_dir, marker))
+
+    def _timed_out(self, name: str, rank: int, round_dir: str, present: list) -> AggregationError:
+        """The error of a round that did not complete in time, naming who is missing.
+
+        name: the round. rank: this rank. round_dir: the round's directory. present: per rank, whether its
+        state file exists. Returns (not raises) the ``AggregationError``.
+        """
         missing = [r for r, p in enumerate(present) if not p]
         if missing:
             what = f"ranks {missing} did not write their state (rank-<r>.json missing)"
         else:
             missing = [0]
             what = f"every rank wrote its state but rank 0 did not commit {GLOBAL} (rank 0 died or stalled)"
-        raise AggregationError(f"checkpoint aggregation of run {self.run_id!r}, round {name!r}, rank {rank} of "
-                               f"{self.world_size}: timed out after {self.timeout:g} s in {round_dir}: {what}; "
-                               f"the latest committed round is unchanged", missing, self.timeout, self.run_id)
+        return AggregationError(f"checkpoint aggregation of run {self.run_id!r}, round {name!r}, rank {rank} of "
+                                f"{self.world_size}: timed out after {self.timeout:g} s in {round_dir}: {what}; "
+                                f"the latest committed round is unchanged", missing, self.timeout, self.run_id)
 
     # -- rank 0 --------------------------------------------------------------------------------
     def _merge_and_commit(self, round_dir: str, name: str) -> dict:

@@ -83,6 +83,28 @@ def _has_magic(s: str) -> bool:
     return any(c in s for c in "*?[")
 
 
+def _pattern_takes(ff: str | None, fmt: str | None) -> bool:
+    """Whether a file a pattern matched is taken.
+
+    ff: the file's format by extension (None: unknown). fmt: the forced format, or None.
+    """
+    # The user wrote the pattern: with a forced format take any file not known to be
+    # another format (e.g. *.txt as jsonl); without one take only known extensions.
+    return (ff is not None and fmt is None) or (fmt is not None and ff in (None, fmt))
+
+
+def _expand_glob(pattern: str, fmt: str | None) -> list[str]:
+    """Files matching a local glob ``pattern`` (``**`` allowed), sorted; directories skipped.
+
+    pattern: the glob. fmt: the forced format, or None. Raises DataError when no file is taken.
+    """
+    matched = [m for m in sorted(glob.glob(pattern, recursive=True))
+               if not os.path.isdir(m) and _pattern_takes(format_of(m), fmt)]
+    if not matched:
+        raise DataError("no supported files matched this pattern", path=pattern)
+    return matched
+
+
 def expand_source(source, fmt: str | None = None) -> list[tuple[str, str]]:
     """Files of ``source`` in order, as ``[(absolute_path, format), ...]``.
 
@@ -101,18 +123,7 @@ def expand_source(source, fmt: str | None = None) -> list[tuple[str, str]]:
         elif os.path.isfile(s):
             files.append(s)
         elif _has_magic(s):
-            matched = []
-            for m in sorted(glob.glob(s, recursive=True)):
-                if os.path.isdir(m):
-                    continue
-                ff = format_of(m)
-                # The user wrote the pattern: with a forced format take any file not known to be
-                # another format (e.g. *.txt as jsonl); without one take only known extensions.
-                if (ff is not None and fmt is None) or (fmt is not None and ff in (None, fmt)):
-                    matched.append(m)
-            if not matched:
-                raise DataError("no supported files matched this pattern", path=s)
-            files.extend(matched)
+            files.extend(_expand_glob(s, fmt))
         else:
             raise DataError("no such file or directory", path=s)
     out, seen = [], set()
@@ -144,7 +155,7 @@ def expand_remote(item: str, fmt: str | None, fetcher) -> tuple[str, list]:
         found = []
         for o in fetcher.list(prefix):
             ff = format_of(o.url)
-            wanted = (ff is not None and fmt is None) or (fmt is not None and ff in (None, fmt))
+            wanted = _pattern_takes(ff, fmt)
             hidden = _is_hidden(relative(o.url, prefix).replace("/", os.sep))  # as glob.glob: * skips dot names
             if wanted and not hidden and glob_match(o.url, item):
                 found.append((o, fmt or ff))

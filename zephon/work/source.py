@@ -83,26 +83,8 @@ class WorkSource:
     def __init__(self, datasets, weights=None, *, seed: int = 0, canonical_replicas: int = 1,
                  chunk_size: int = 1024, shuffle: bool = True, shuffle_block_size: int | None = None,
                  exhaustion: str = "repeat", fill_multiple: int = 1, step_size: int | None = None):
-        if not datasets:
-            raise ValueError("WorkSource needs at least one dataset")
-        if weights is None:
-            weights = [1] * len(datasets)
-        if isinstance(weights, Schedule):
-            if weights.num_datasets != len(datasets):
-                raise ValueError(f"a schedule of {weights.num_datasets} datasets for {len(datasets)} datasets")
-        elif len(weights) != len(datasets):
-            raise ValueError(f"{len(weights)} mixture weights for {len(datasets)} datasets")
-        if not all(isinstance(v, int) for v in (canonical_replicas, chunk_size, seed)):
-            raise ValueError(f"canonical_replicas, chunk_size and seed must be ints, got "
-                             f"{canonical_replicas!r}, {chunk_size!r}, {seed!r}")
-        if canonical_replicas < 1 or chunk_size < 1:
-            raise ValueError(f"canonical_replicas and chunk_size must be >= 1, got {canonical_replicas}, {chunk_size}")
-        if exhaustion not in EXHAUSTION_POLICIES:
-            raise ValueError(f"exhaustion must be one of {EXHAUSTION_POLICIES}, got {exhaustion!r}")
-        if not isinstance(fill_multiple, int) or fill_multiple < 1:
-            raise ValueError(f"fill_multiple must be an int >= 1, got {fill_multiple!r}")
-        if shuffle_block_size is not None and shuffle_block_size < 1:
-            raise ValueError(f"shuffle_block_size must be >= 1 or None, got {shuffle_block_size}")
+        weights = _checked_weights(datasets, weights)
+        _check_options(seed, canonical_replicas, chunk_size, exhaustion, fill_multiple, shuffle_block_size)
         self.datasets = list(datasets)
         self.shard_sizes = [np.asarray(d.shard_sizes, dtype=np.int64) for d in self.datasets]
         self.sizes = [int(s.sum()) for s in self.shard_sizes]
@@ -353,3 +335,36 @@ class WorkSource:
 
 def _fmt(shares) -> str:
     return "[" + ", ".join(f"{float(x):.4g}" for x in shares) + "]"
+
+
+def _checked_weights(datasets, weights):
+    """``WorkSource``'s weights, one per dataset (default: equal).
+
+    datasets: the source's datasets. weights: None, a list of numbers or a ``Schedule``.
+    Raises ValueError for no dataset, or weights (or a schedule) for another number of datasets.
+    """
+    if not datasets:
+        raise ValueError("WorkSource needs at least one dataset")
+    if weights is None:
+        weights = [1] * len(datasets)
+    if isinstance(weights, Schedule):
+        if weights.num_datasets != len(datasets):
+            raise ValueError(f"a schedule of {weights.num_datasets} datasets for {len(datasets)} datasets")
+    elif len(weights) != len(datasets):
+        raise ValueError(f"{len(weights)} mixture weights for {len(datasets)} datasets")
+    return weights
+
+
+def _check_options(seed, canonical_replicas, chunk_size, exhaustion, fill_multiple, shuffle_block_size) -> None:
+    """``WorkSource``'s option checks (arguments as there). Raises ValueError naming the bad option."""
+    if not all(isinstance(v, int) for v in (canonical_replicas, chunk_size, seed)):
+        raise ValueError(f"canonical_replicas, chunk_size and seed must be ints, got "
+                         f"{canonical_replicas!r}, {chunk_size!r}, {seed!r}")
+    if canonical_replicas < 1 or chunk_size < 1:
+        raise ValueError(f"canonical_replicas and chunk_size must be >= 1, got {canonical_replicas}, {chunk_size}")
+    if exhaustion not in EXHAUSTION_POLICIES:
+        raise ValueError(f"exhaustion must be one of {EXHAUSTION_POLICIES}, got {exhaustion!r}")
+    if not isinstance(fill_multiple, int) or fill_multiple < 1:
+        raise ValueError(f"fill_multiple must be an int >= 1, got {fill_multiple!r}")
+    if shuffle_block_size is not None and shuffle_block_size < 1:
+        raise ValueError(f"shuffle_block_size must be >= 1 or None, got {shuffle_block_size}")

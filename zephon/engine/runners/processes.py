@@ -11,6 +11,7 @@ unit fails with ``WorkerDied`` naming the worker (pid, signal) and the unit (dat
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -223,6 +224,25 @@ class ProcessRunner(Runner):
             pass  # it died at start (its stderr says why): its socket reports the death, counted as one
 
     def _manage(self) -> None:
+        if not self._start_workers():
+            return
+        try:
+            while True:
+                with self._lock:
+                    if self._closing or self._broken is not None:
+                        break
+                self._assign()
+                self._dispatch_events()
+                for w in list(self._workers):  # a death the socket did not report (its end inherited)
+                    if w.proc.poll() is not None:
+                        self._on_death(w)
+        except BaseException as e:  # noqa: BLE001 (never leave the pump waiting on a future)
+            self._fail_all(RuntimeError(f"the processes runner's manager thread failed: {type(e).__name__}: {e}"))
+        finally:
+            self._shutdown()
+
+    def _start_workers(self) -> bool:
+        """Spawn and initialise the workers, then release the constructor; False (the error kept) if that failed."""
         try:
             for _ in range(self.num_workers):
                 w = self._spawn()
@@ -232,32 +252,20 @@ class ProcessRunner(Runner):
                 self._init(w)
         except BaseException as e:  # noqa: BLE001 (re-raised by the constructor)
             self._start_error = e
-            self._ready.set()
-            self._shutdown()
-            return
         self._ready.set()
-        try:
-            while True:
-                with self._lock:
-                    if self._closing or self._broken is not None:
-                        break
-                self._assign()
-                for key, _ in self._sel.select(timeout=1.0):
-                    if key.data is None:
-                        try:
-                            while self._wake_r.recv(4096):
-                                pass
-                        except BlockingIOError:
-                            pass
-                    elif key.data in self._workers:
-                        self._receive(key.data)
-                for w in list(self._workers):  # a death the socket did not report (its end inherited)
-                    if w.proc.poll() is not None:
-                        self._on_death(w)
-        except BaseException as e:  # noqa: BLE001 (never leave the pump waiting on a future)
-            self._fail_all(RuntimeError(f"the processes runner's manager thread failed: {type(e).__name__}: {e}"))
-        finally:
+        if self._start_error is not None:
             self._shutdown()
+        return self._start_error is None
+
+    def _dispatch_events(self) -> None:
+        """Wait up to 1 s for the wake-up socket (drained) or a worker's message (received)."""
+        for key, _ in self._sel.select(timeout=1.0):
+            if key.data is None:
+                with contextlib.suppress(BlockingIOError):
+                    while self._wake_r.recv(4096):
+                        pass
+            elif key.data in self._workers:
+                self._receive(key.data)
 
     def _assign(self) -> None:
         with self._lock:

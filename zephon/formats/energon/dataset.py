@@ -190,16 +190,7 @@ def open_energon(source, *, split_part: str = "train", name: str | None = None, 
     .info.json or from disk, a tar without ``.tar.idx`` (suggests ``energon prepare``), a split with no
     shards left, a subset out of range or empty. ValueError for bad arguments.
     """
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
-    if columns is not None:
-        raise ValueError("columns do not apply to Energon datasets (samples are dicts of parts; use part_filter)")
-    if isinstance(source, (list, tuple)):
-        raise ValueError("an Energon dataset is one root directory; open several with several open_dataset calls")
-    if not isinstance(split_part, str) or not split_part:
-        raise ValueError(f"split_part must be a non-empty string, not {split_part!r}")
-    if image_decode is not None and image_decode not in wds.IMAGE_SPECS:
-        raise ValueError(f"image_decode must be one of {sorted(wds.IMAGE_SPECS)}, not {image_decode!r}")
+    _check_arguments(source, split_part, on_error, image_decode, columns)
     subset = as_subset(subset)  # a malformed subset fails before any file is read
     if isinstance(part_filter, str) and part_filter != "auto":
         part_filter = [part_filter]
@@ -238,6 +229,23 @@ def open_energon(source, *, split_part: str = "train", name: str | None = None, 
                         part_filter=resolve_part_filter(energon, part_filter),
                         n_excluded=sum(m.raw_count - m.num_samples for m in metas), remote=remote)
     return ds.with_subset(subset)
+
+
+def _check_arguments(source, split_part, on_error, image_decode, columns) -> None:
+    """``open_energon``'s argument checks, done before any file is read (same names as there).
+
+    Raises ValueError naming the bad argument.
+    """
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+    if columns is not None:
+        raise ValueError("columns do not apply to Energon datasets (samples are dicts of parts; use part_filter)")
+    if isinstance(source, (list, tuple)):
+        raise ValueError("an Energon dataset is one root directory; open several with several open_dataset calls")
+    if not isinstance(split_part, str) or not split_part:
+        raise ValueError(f"split_part must be a non-empty string, not {split_part!r}")
+    if image_decode is not None and image_decode not in wds.IMAGE_SPECS:
+        raise ValueError(f"image_decode must be one of {sorted(wds.IMAGE_SPECS)}, not {image_decode!r}")
 
 
 def _remote_tar(remote, n: str, shard: int) -> tuple[str, int]:

@@ -109,15 +109,7 @@ def _blend(node, yaml_path, split_part, subflavors, parent_subset, seen, where) 
     if not isinstance(items, list) or not items:
         raise ValueError(f"{where}.{key}: expected a non-empty list")
     subset = merge_subset(node.get("subset"), parent_subset, where)
-    ws = []
-    for j, it in enumerate(items):
-        w = it.get(attr, 1) if isinstance(it, dict) else 1
-        if isinstance(w, dict) and not epoch:
-            w = _schedule_spec(w, f"{where}.{key}[{j}].{attr}")
-        elif not isinstance(w, (int, float)) or isinstance(w, bool) or w < 0:
-            raise ValueError(f"{where}.{key}[{j}].{attr} must be a number >= 0 (or, in a blend, a schedule "
-                             f"{{step: {{...}}}} / {{linear: {{...}}}}), got {w!r}")
-        ws.append(w)
+    ws = _blend_weights(items, key, attr, epoch, where)
     scheduled = any(isinstance(w, dict) for w in ws)
     if scheduled:
         mode, total = "schedule", 1  # raw weights: the schedule normalises them per step
@@ -142,6 +134,24 @@ def _blend(node, yaml_path, split_part, subflavors, parent_subset, seen, where) 
                 leaf["weight"] = (leaf["weight"] if inner_mode == mode else 1.0) * w / total
             leaves.append(leaf)
     return leaves, mode
+
+
+def _blend_weights(items: list, key: str, attr: str, epoch: bool, where: str) -> list:
+    """Each blend child's weight (or repetitions), default 1; a schedule dict is checked, in a ``blend`` only.
+
+    items: the blend's children. key: "blend" | "blend_epochized". attr: "weight" | "repetitions".
+    epoch: a ``blend_epochized``. where: the YAML location for errors. Raises ValueError naming the child.
+    """
+    ws = []
+    for j, it in enumerate(items):
+        w = it.get(attr, 1) if isinstance(it, dict) else 1
+        if isinstance(w, dict) and not epoch:
+            w = _schedule_spec(w, f"{where}.{key}[{j}].{attr}")
+        elif not isinstance(w, (int, float)) or isinstance(w, bool) or w < 0:
+            raise ValueError(f"{where}.{key}[{j}].{attr} must be a number >= 0 (or, in a blend, a schedule "
+                             f"{{step: {{...}}}} / {{linear: {{...}}}}), got {w!r}")
+        ws.append(w)
+    return ws
 
 
 def _schedule_spec(w: dict, where: str) -> dict:

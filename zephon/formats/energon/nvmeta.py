@@ -140,11 +140,7 @@ def read_dataset_config(root: str, dataset_config: str = "dataset.yaml") -> dict
         raise DataError(f"bad dataset config: sample_type must be {{__module__, __class__}}, got {st!r}", path=path)
     out["sample_type"] = st
     fm = obj.get("field_map")
-    if fm is not None:
-        if not isinstance(fm, dict) or not all(isinstance(v, str) for v in fm.values()):
-            raise DataError(f"bad dataset config: field_map must map field names to part specs, got {fm!r}", path=path)
-        if out["crude"]:
-            raise DataError("bad dataset config: CrudeWebdataset takes no field_map", path=path)
+    _check_field_map(fm, out["crude"], path)
     out["field_map"] = fm
     sf = obj.get("subflavors")
     if sf is not None and not isinstance(sf, dict):
@@ -165,6 +161,20 @@ def read_dataset_config(root: str, dataset_config: str = "dataset.yaml") -> dict
     if fm is None and out["sample_loader"] is None and not out["crude"] and st is not None:
         raise DataError("bad dataset config: needs a field_map or a sample_loader", path=path)
     return out
+
+
+def _check_field_map(fm, crude: bool, path: str) -> None:
+    """Refuse a dataset.yaml ``field_map`` that is not ``{field: part spec}``, or any on a CrudeWebdataset.
+
+    fm: the entry (None: absent). crude: the dataset is a CrudeWebdataset. path: the file, for errors.
+    Raises DataError.
+    """
+    if fm is None:
+        return
+    if not isinstance(fm, dict) or not all(isinstance(v, str) for v in fm.values()):
+        raise DataError(f"bad dataset config: field_map must map field names to part specs, got {fm!r}", path=path)
+    if crude:
+        raise DataError("bad dataset config: CrudeWebdataset takes no field_map", path=path)
 
 
 def resolve_part_filter(energon: dict, part_filter) -> frozenset | None:

@@ -25,25 +25,7 @@ def parse_subset(spec, where: str) -> dict:
     rng = spec.get("range") if isinstance(spec, dict) else None
     if not isinstance(rng, list) or len(rng) != 2:
         raise ValueError(f"{where}: subset must be {{range: [start, end]}}, got {spec!r}")
-
-    def conv(v):
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-        if not isinstance(v, str):
-            raise ValueError(f"{where}: subset range values must be ints, 'end' or percentages like '25%', got {v!r}")
-        if v.strip() == "end":
-            return None
-        if not v.endswith("%"):
-            raise ValueError(f"{where}: subset range value {v!r} must be a percentage like '25%'")
-        try:
-            p = float(v.removesuffix("%"))
-        except ValueError:
-            raise ValueError(f"{where}: subset range value {v!r} is not a percentage like '25%'") from None
-        if not 0 <= p <= 100:
-            raise ValueError(f"{where}: subset percentage {v!r} not in [0%, 100%]")
-        return p / 100.0
-
-    start, end = conv(rng[0]), conv(rng[1])
+    start, end = _range_value(rng[0], where), _range_value(rng[1], where)
     if isinstance(start, int):
         if not (isinstance(end, int) or end is None):
             raise ValueError(f"{where}: absolute subset start {rng[0]!r} needs an int end or 'end'")
@@ -55,6 +37,29 @@ def parse_subset(spec, where: str) -> dict:
     if start > end:
         raise ValueError(f"{where}: subset start {rng[0]!r} > end {rng[1]!r}")
     return {"range": (start, end), "absolute_range": None}
+
+
+def _range_value(v, where: str):
+    """One end of a YAML subset range: an int (absolute index), None (``"end"``) or a fraction in [0, 1].
+
+    v: the YAML value (int, ``"end"`` or a percentage string like ``"25%"``). where: location named in errors.
+    Raises ValueError naming ``where`` for any other value or a percentage outside [0%, 100%].
+    """
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if not isinstance(v, str):
+        raise ValueError(f"{where}: subset range values must be ints, 'end' or percentages like '25%', got {v!r}")
+    if v.strip() == "end":
+        return None
+    if not v.endswith("%"):
+        raise ValueError(f"{where}: subset range value {v!r} must be a percentage like '25%'")
+    try:
+        p = float(v.removesuffix("%"))
+    except ValueError:
+        raise ValueError(f"{where}: subset range value {v!r} is not a percentage like '25%'") from None
+    if not 0 <= p <= 100:
+        raise ValueError(f"{where}: subset percentage {v!r} not in [0%, 100%]")
+    return p / 100.0
 
 
 def merge_subset(own, parent: dict | None, where: str) -> dict | None:

@@ -99,14 +99,7 @@ def parse_sample(span: bytes, *, parts_wanted=None, key_only: bool = False):
     names: list[str] = []
     n = len(span)
     while tf.offset < n:
-        at = tf.offset
-        try:
-            ti = tf.next()
-        except tarfile.TarError as e:
-            raise ValueError(f"corrupt tar header at byte +{at} of the sample ({e})") from None
-        if ti is None:
-            raise ValueError(f"corrupt or missing tar header at byte +{at} of the sample (the .tar.idx offsets "
-                             f"do not match the tar, or the tar is damaged; re-run `energon prepare`)")
+        ti = _next_member(tf)
         if not ti.isreg():
             continue
         kp = split_name(ti.name)
@@ -122,20 +115,46 @@ def parse_sample(span: bytes, *, parts_wanted=None, key_only: bool = False):
                              f"(the .tar.idx offsets do not match the tar; re-run `energon prepare`)")
         if parts_wanted is not None and not (parts_wanted(part) if callable(parts_wanted) else part in parts_wanted):
             continue
-        if ti.sparse is not None:
-            data = tf.extractfile(ti).read()
-        else:
-            lo = ti.offset_data
-            data = span[lo:lo + ti.size]
-        if len(data) != ti.size:
-            raise ValueError(f"member {ti.name!r} ({ti.size} bytes) runs past the end of the sample (truncated "
-                             f"tar, or .tar.idx offsets that do not match it)")
-        parts[part] = bytes(data)
+        parts[part] = _member_data(tf, ti, span)
         names.append(ti.name)
     if key is None:
         raise ValueError("no sample member (no regular file named <key>.<part>) at this offset: the .tar.idx "
                          "offsets do not match the tar; re-run `energon prepare`")
     return key, parts, names
+
+
+def _next_member(tf: tarfile.TarFile) -> tarfile.TarInfo:
+    """The next member header of a sample's tar span.
+
+    tf: the span's tar reader, positioned at a header before the span's end.
+    Raises ValueError (with the byte offset in the sample) for a header that is damaged or not there.
+    """
+    at = tf.offset
+    try:
+        ti = tf.next()
+    except tarfile.TarError as e:
+        raise ValueError(f"corrupt tar header at byte +{at} of the sample ({e})") from None
+    if ti is None:
+        raise ValueError(f"corrupt or missing tar header at byte +{at} of the sample (the .tar.idx offsets "
+                         f"do not match the tar, or the tar is damaged; re-run `energon prepare`)")
+    return ti
+
+
+def _member_data(tf: tarfile.TarFile, ti: tarfile.TarInfo, span: bytes) -> bytes:
+    """The bytes of member ``ti`` (sliced from ``span``; a sparse member through ``tf``).
+
+    tf: the span's tar reader. ti: a regular member of it. span: the sample's tar bytes.
+    Raises ValueError when the member runs past the end of the span.
+    """
+    if ti.sparse is not None:
+        data = tf.extractfile(ti).read()
+    else:
+        lo = ti.offset_data
+        data = span[lo:lo + ti.size]
+    if len(data) != ti.size:
+        raise ValueError(f"member {ti.name!r} ({ti.size} bytes) runs past the end of the sample (truncated "
+                         f"tar, or .tar.idx offsets that do not match it)")
+    return bytes(data)
 
 
 def sample_key_at(pread, start: int, end: int) -> str:

@@ -73,6 +73,21 @@ def _decode_image(data: bytes, spec: str):
     result = np.asarray(img)
     if etype == "float":
         result = result.astype(np.float32) / 255.0
+    result = _to_channels(result, mode)
+    if atype == "numpy":
+        return result
+    import torch
+
+    if result.ndim == 3:
+        return torch.from_numpy(result.transpose(2, 0, 1).copy())
+    return torch.from_numpy(result.copy())
+
+
+def _to_channels(result: np.ndarray, mode: str) -> np.ndarray:
+    """An image array with the channels of ``mode``, as webdataset's image handler makes them.
+
+    result: ``(H, W)`` or ``(H, W, C)`` array. mode: "l" (grey, ``(H, W)``), "rgb" or "rgba" (``(H, W, 3|4)``).
+    """
     if mode == "l":
         if result.ndim == 3:
             result = np.mean(result[:, :, :3], axis=2)
@@ -87,13 +102,7 @@ def _decode_image(data: bytes, spec: str):
             result[:, :, 3] = 255
         elif result.shape[2] == 3:
             result = np.concatenate([result, 255 * np.ones(result.shape[:2])], axis=2)
-    if atype == "numpy":
-        return result
-    import torch
-
-    if result.ndim == 3:
-        return torch.from_numpy(result.transpose(2, 0, 1).copy())
-    return torch.from_numpy(result.copy())
+    return result
 
 
 def _npy(data: bytes):
