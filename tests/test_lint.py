@@ -28,3 +28,18 @@ def test_ruff_configuration_catches_a_violation(tmp_path):
     out = subprocess.run([_ruff(), "check", "--no-cache", "--config", os.path.join(ROOT, "pyproject.toml"), str(bad)],
                          capture_output=True, text=True)
     assert out.returncode == 1 and "E501" in out.stdout and "F401" in out.stdout, out.stdout + out.stderr
+
+
+def test_core_and_adapters_keep_complexity_at_most_12(tmp_path):
+    """zephon/ and adapters/ have their own ruff.toml (extending pyproject.toml) with max-complexity 12: a
+    function of complexity 13 is reported there and not under the repository's own limit."""
+    branches = "".join(f"    if x == {i}:\n        return {i}\n" for i in range(12))
+    bad = tmp_path / "complex.py"
+    bad.write_text(f"def f(x):\n{branches}    return -1\n")  # 12 ifs: complexity 13
+    for folder in ("zephon", "adapters"):
+        out = subprocess.run([_ruff(), "check", "--no-cache", "--config", os.path.join(ROOT, folder, "ruff.toml"),
+                              str(bad)], capture_output=True, text=True)
+        assert out.returncode == 1 and "C901" in out.stdout and "(13 > 12)" in out.stdout, out.stdout + out.stderr
+    out = subprocess.run([_ruff(), "check", "--no-cache", "--config", os.path.join(ROOT, "pyproject.toml"), str(bad)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
