@@ -33,8 +33,8 @@ def test_quick_prepare_and_one_comparison(tmp_path):
     assert all(len(fs) == 1 for fs in m["jsonl"] + m["parquet"])
 
     runs = {}
-    for name, kind, cfg in (("zephon/inline", "pipeline.zephon", {"runner": "inline"}),
-                            ("torch DataLoader/2 workers", "pipeline.torch", {"workers": 0})):
+    for name, kind, cfg in (("zephon/inline", "throughput.peers.zephon", {"runner": "inline"}),
+                            ("torch DataLoader/2 workers", "throughput.peers.torch", {"workers": 0})):
         res = run_child(kind, {**cfg, "manifest": m, "format": "jsonl"}, timeout=120)
         assert res and "error" not in res, res
         assert res["tokens"] > 0 and res["rows"] > 0 and res["rss_main_mib"] > 0
