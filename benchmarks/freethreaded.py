@@ -2,7 +2,7 @@
 
     python -m benchmarks --only freethreaded [--quick]
 
-The parent (the default 3.11 venv) writes the data once (``benchmarks.vl_data``: an MDS ``jpeg`` dataset and an
+The parent (the default 3.11 venv) writes the data once (tests/vl_data.py: an MDS ``jpeg`` dataset and an
 Energon ``CaptioningSample`` dataset of the same natural-looking JPEGs), then runs each configuration in its own
 child process, ``python -m benchmarks.child freethreaded.run JSON``, on each interpreter: the free-threaded one
 (``find_freethreaded_python``; built by scripts/freethreaded.sh) and this one. A child reports samples/s after
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULT_TAG, PeriodicWatch
+from benchmarks.common import RESULT_TAG, PeriodicWatch, tests_module
 
 REPO = Path(__file__).resolve().parent.parent
 START, END = "<!-- freethreaded:start -->", "<!-- freethreaded:end -->"
@@ -85,7 +85,7 @@ class PssWatch(PeriodicWatch):
 
 def child_run(cfg: dict) -> dict:
     """One measurement: ``cfg`` = kind, root, runner, workers, steps, seed. Returns the result dict."""
-    from benchmarks.vl_data import vl_loader
+    vl_loader = tests_module("vl_data").vl_loader
 
     import zephon.ops.vision  # noqa: F401  (the pipeline's modules, imported before the GIL check)
 
@@ -114,7 +114,7 @@ def child_run(cfg: dict) -> dict:
 def child_check(cfg: dict) -> dict:
     """Global-batch digests (``zephon.engine.GlobalBatchHasher``) of ``cfg["steps"]`` steps per runner, the rows'
     sample pointers and caption ids of the inline run, and the GIL state after every import and run."""
-    from benchmarks.vl_data import vl_loader
+    vl_loader = tests_module("vl_data").vl_loader
     from zephon.engine import GlobalBatchHasher
 
     out = {"python": sys.version, "gil_after_import": None, "digests": {}, "rows": []}
@@ -141,7 +141,8 @@ def child_check(cfg: dict) -> dict:
 
 def prepare(workdir: str, n: int) -> dict:
     """The two datasets of ``n`` samples under ``workdir/vl-N`` (written once; a marker file says it is done)."""
-    from benchmarks.vl_data import natural_jpeg, write_energon, write_mds
+    vl = tests_module("vl_data")
+    natural_jpeg, write_energon, write_mds = vl.natural_jpeg, vl.write_energon, vl.write_mds
 
     base = Path(workdir) / f"vl-{n}"
     done = base / "done.json"
