@@ -79,6 +79,8 @@ SECTIONS = [
     Section("remote", None, "remote MDS on S3 (moto), cold and warm cache (benchmarks/remote.py)", _simple("remote")),
     Section("freethreaded", None, "runners on free-threaded 3.13t and 3.11, vision-language pipeline "
             "(benchmarks/freethreaded.py)", _simple("freethreaded")),
+    Section("transport", None, "worker transport: pickle against shared memory, and inline (benchmarks/transport.py)",
+            _simple("transport")),
     Section("curricula", None, "realised dataset shares under a curriculum schedule (benchmarks/curricula.py)",
             _own("curricula", ()), True),
 ]
