@@ -170,6 +170,7 @@ def _kill_a_busy_worker(runner, after_rows, rows, killed) -> None:
         time.sleep(0.0005)
 
 
+@pytest.mark.slow  # covered: test_worker_exiting_inside_an_operator_is_replaced (a dead worker's unit re-run)
 def test_killed_worker_is_replaced_and_nothing_is_lost_or_repeated(jsonl, reference):
     template = make(jsonl, "inline", fn=slow_image)
     runner = ProcessRunner(template.stage, 2)
