@@ -1,6 +1,6 @@
-"""``python -m benchmarks``: the side-by-side suite (see benchmarks/suite.py)."""
+"""``python -m benchmarks``: the one entry point (sections and options: benchmarks/cli.py, ``--list``)."""
 import sys
 
-from .suite import main
+from .cli import main
 
 sys.exit(main())

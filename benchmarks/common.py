@@ -21,6 +21,26 @@ REPO = Path(__file__).resolve().parent.parent
 RESULT_TAG = "@@zephon-bench "
 
 
+def tests_module(name: str):
+    """The test-data builder module tests/<name>.py (data builders live with the tests; benchmarks reuse them).
+
+    name: the module's file name without ``.py``, e.g. ``vl_data``. Loaded by path, so neither tests/ on
+    ``sys.path`` nor a package named ``tests`` elsewhere on it matters. Raises FileNotFoundError naming the path.
+    """
+    import importlib.util
+
+    key = f"_zephon_tests_{name}"
+    if key not in sys.modules:
+        path = REPO / "tests" / f"{name}.py"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: the benchmarks read their test data builders from the checkout's tests/")
+        spec = importlib.util.spec_from_file_location(key, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[key] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[key]
+
+
 # ------------------------------------------------------------------------------ inside a child
 
 def peak_rss_mib(pid="self") -> float | None:

@@ -1,6 +1,6 @@
 """A data curriculum on the demo corpus: realised per-dataset shares per global step against the schedule.
 
-``python -m benchmarks.curricula [--steps 300] [--out docs/img/curriculum.png] [--json out.json]``
+``python -m benchmarks --only curricula [--steps 300] [--out docs/img/curriculum.png] [--json out.json]``
 
 A real ``zephon.Loader`` (8 lanes, one document per row, 64 rows per global step) reads the demo corpus's
 Python sources and docstrings under a three-phase ``Schedule``: 90/10 (by tokens) until step 100, a linear
@@ -142,7 +142,7 @@ def summary(result: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks --only curricula", description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--out", default="docs/img/curriculum.png")
     ap.add_argument("--json", default=None, help="write the per-step counts and the summary here")
@@ -162,6 +162,3 @@ def main(argv=None) -> int:
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

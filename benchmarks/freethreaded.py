@@ -1,13 +1,13 @@
 """Free-threaded Python: inline, threads and processes runners on the vision-language pipeline, on 3.13t and 3.11.
 
-    python -m benchmarks --only freethreaded [--quick]      # or: python -m benchmarks.freethreaded
+    python -m benchmarks --only freethreaded [--quick]
 
-The parent (the default 3.11 venv) writes the data once (``benchmarks.vl_data``: an MDS ``jpeg`` dataset and an
+The parent (the default 3.11 venv) writes the data once (tests/vl_data.py: an MDS ``jpeg`` dataset and an
 Energon ``CaptioningSample`` dataset of the same natural-looking JPEGs), then runs each configuration in its own
-child process, ``python -m benchmarks.freethreaded child JSON``, on each interpreter: the free-threaded one
+child process, ``python -m benchmarks.child freethreaded.run JSON``, on each interpreter: the free-threaded one
 (``find_freethreaded_python``; built by scripts/freethreaded.sh) and this one. A child reports samples/s after
 its first global batch, the time to that batch, peak PSS summed over itself and its descendants (psutil,
-sampled every 0.5 s) and whether the GIL was on. ``python -m benchmarks.freethreaded check JSON`` (on any
+sampled every 0.5 s) and whether the GIL was on. ``python -m benchmarks.child freethreaded.check JSON`` (on any
 interpreter) prints per-runner global-batch digests for tests/test_freethreaded.py. Prints a table, writes it
 and a plot into docs/benchmarks.md (between the ``freethreaded`` markers) and docs/img/ unless ``quick``.
 """
@@ -20,13 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import PeriodicWatch
+from benchmarks.common import RESULT_TAG, PeriodicWatch, tests_module
 
 REPO = Path(__file__).resolve().parent.parent
 START, END = "<!-- freethreaded:start -->", "<!-- freethreaded:end -->"
 RUNNERS = ("inline", "threads", "processes")
 WORKERS = 2
-TAG = "@@zephon-ft "
 
 
 def find_freethreaded_python() -> str | None:
@@ -84,9 +83,9 @@ class PssWatch(PeriodicWatch):
         self.peak = max(self.peak, self.sample())
 
 
-def child(cfg: dict) -> dict:
+def child_run(cfg: dict) -> dict:
     """One measurement: ``cfg`` = kind, root, runner, workers, steps, seed. Returns the result dict."""
-    from benchmarks.vl_data import vl_loader
+    vl_loader = tests_module("vl_data").vl_loader
 
     import zephon.ops.vision  # noqa: F401  (the pipeline's modules, imported before the GIL check)
 
@@ -112,10 +111,10 @@ def child(cfg: dict) -> dict:
             **{k: cfg[k] for k in ("kind", "runner", "workers")}}
 
 
-def check(cfg: dict) -> dict:
+def child_check(cfg: dict) -> dict:
     """Global-batch digests (``zephon.engine.GlobalBatchHasher``) of ``cfg["steps"]`` steps per runner, the rows'
     sample pointers and caption ids of the inline run, and the GIL state after every import and run."""
-    from benchmarks.vl_data import vl_loader
+    vl_loader = tests_module("vl_data").vl_loader
     from zephon.engine import GlobalBatchHasher
 
     out = {"python": sys.version, "gil_after_import": None, "digests": {}, "rows": []}
@@ -142,7 +141,8 @@ def check(cfg: dict) -> dict:
 
 def prepare(workdir: str, n: int) -> dict:
     """The two datasets of ``n`` samples under ``workdir/vl-N`` (written once; a marker file says it is done)."""
-    from benchmarks.vl_data import natural_jpeg, write_energon, write_mds
+    vl = tests_module("vl_data")
+    natural_jpeg, write_energon, write_mds = vl.natural_jpeg, vl.write_energon, vl.write_mds
 
     base = Path(workdir) / f"vl-{n}"
     done = base / "done.json"
@@ -185,17 +185,17 @@ def parallel_capacity(seconds: float = 1.0) -> float:
 
 
 def run_child(python: str, mode: str, cfg: dict, timeout: float = 900) -> dict:
-    """Run ``python -m benchmarks.freethreaded MODE JSON`` with the checkout on the path; its result dict, or
-    ``{"error": ...}`` naming the interpreter and the tail of its stderr."""
+    """Run ``python -m benchmarks.child freethreaded.MODE JSON`` (MODE: run or check) with the checkout on the
+    path; its result dict, or ``{"error": ...}`` naming the interpreter and the tail of its stderr."""
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
     try:
-        p = subprocess.run([python, "-m", "benchmarks.freethreaded", mode, json.dumps(cfg)], cwd=str(REPO), env=env,
-                           capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run([python, "-m", "benchmarks.child", f"freethreaded.{mode}", json.dumps(cfg)],
+                           cwd=str(REPO), env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"{python}: timed out after {timeout:.0f} s"}
     for line in p.stdout.splitlines():
-        if line.startswith(TAG):
-            return json.loads(line[len(TAG):])
+        if line.startswith(RESULT_TAG):
+            return json.loads(line[len(RESULT_TAG):])
     return {"error": f"{python} exited {p.returncode}: {p.stderr[-3000:]}"}
 
 
@@ -217,7 +217,7 @@ def main(workdir: str, quick: bool) -> str:
         for label, py in pythons:
             for runner in RUNNERS:
                 cfg = {"kind": kind, "root": data[kind], "runner": runner, "workers": WORKERS, "steps": steps}
-                r = run_child(py, "child", cfg)
+                r = run_child(py, "run", cfg)
                 r.update(interp=label, kind=kind, runner=runner)
                 results.append(r)
                 msg = r["error"][-600:] if "error" in r else (
@@ -320,13 +320,3 @@ def write_doc(table: str) -> None:
                 f"\n\n{t0}\n{table}\n{t1}\n\n![free-threaded](img/bench-freethreaded.png)\n{END}\n")
     doc.write_text(text, encoding="utf-8")
 
-
-if __name__ == "__main__":
-    mode = sys.argv[1] if len(sys.argv) > 1 else "main"
-    if mode in ("child", "check"):
-        res = (child if mode == "child" else check)(json.loads(sys.argv[2]))
-        print(TAG + json.dumps(res), flush=True)
-    else:
-        from zephon.demo_corpus import default_workdir
-
-        main(default_workdir(), "--quick" in sys.argv)

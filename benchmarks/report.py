@@ -123,7 +123,7 @@ def _pipeline_section(pipeline: dict, plots: _Plots, summary: list[str]) -> list
            "Same documents, same tokenizer (the corpus' local byte-level BPE), 2 workers where the loader "
            "has workers. tokens/s: real (non-padding) tokens of one timed pass / its wall time, after one "
            "untimed warm-up pass; worker start-up is outside the timed pass for every loader "
-           "(benchmarks/pipeline.py says how). **ratio** = median / the best Grain median of the same format. "
+           "(benchmarks/throughput/peers.py says how). **ratio** = median / the best Grain median of the same format. "
            "Zephon packs best-fit per lane (8 lanes); Grain packs with `experimental.BestFitPackIterDataset` "
            "(8 bins); the torch baseline concatenates and splits (no padding, a cheaper packer). RSS of the "
            "main process and of the largest worker process.", ""]
@@ -241,7 +241,7 @@ def _checkpoints_section(results: dict, plots: _Plots, summary: list[str]) -> li
     """Comparison 4 (state size, restore time): description, table, plot; appends ratios to summary."""
     out = ["### 4. Checkpoint size and time to first batch after a restore", "",
            "Read + batch 8 documents per step (no tokenization, so step 10,000 is reachable), shuffled, "
-           "repeating, 2 workers; see benchmarks/checkpoints.py for each loader's set-up. **bytes**: the "
+           "repeating, 2 workers; see benchmarks/checkpoints/peers.py for each loader's set-up. **bytes**: the "
            "state as each library serialises it (JSON for Zephon, Grain and Streaming; `torch.save` of "
            "the state object for torchdata and Energon). **restore s**: a fresh loader, restore, first "
            "batch. **cold s**: a fresh loader's first batch without a state. **exact**: the first batch "

@@ -1,6 +1,7 @@
-"""Zephon side by side with Grain, Mosaic Streaming, Energon and torch's DataLoader.
+"""Zephon side by side with Grain, Mosaic Streaming, Energon and torch's DataLoader (comparisons 1-6).
 
-    python -m benchmarks [--quick] [--only 1,2,3,4,5,6] [--repeats N] [--workdir DIR] [--no-write]
+    python -m benchmarks [--quick] [--only pipeline,mds,energon,checkpoints,divergence,lanes] [--repeats N]
+                         [--workdir DIR] [--no-write]
 
 Prepares the data once (``benchmarks.prepare``), runs each comparison (every configuration and
 repetition in its own subprocess; repetitions interleaved in an order rotated each round, so drift on a
@@ -12,11 +13,8 @@ Prints only; asserts nothing.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -46,46 +44,25 @@ def interleaved(configs: list[tuple[str, str, dict]], repeats: int, base: dict, 
 
 
 def pipeline_configs(quick: bool):
-    cfgs = [("zephon/inline", "pipeline.zephon", {"runner": "inline"}),
-            ("zephon/threads", "pipeline.zephon", {"runner": "threads"}),
-            ("zephon/processes", "pipeline.zephon", {"runner": "processes"}),
-            ("grain/mp2, batch encode", "pipeline.grain", {"encode": "batch", "worker_buffer": 8}),
-            ("grain/threads, batch encode", "pipeline.grain", {"encode": "batch", "workers": 0,
+    cfgs = [("zephon/inline", "throughput.peers.zephon", {"runner": "inline"}),
+            ("zephon/threads", "throughput.peers.zephon", {"runner": "threads"}),
+            ("zephon/processes", "throughput.peers.zephon", {"runner": "processes"}),
+            ("grain/mp2, batch encode", "throughput.peers.grain", {"encode": "batch", "worker_buffer": 8}),
+            ("grain/threads, batch encode", "throughput.peers.grain", {"encode": "batch", "workers": 0,
                                                                "tok_parallel": True}),
-            ("grain/mp2, per-doc encode", "pipeline.grain", {"encode": "doc", "worker_buffer": 8}),
-            ("torch DataLoader/2 workers", "pipeline.torch", {})]
+            ("grain/mp2, per-doc encode", "throughput.peers.grain", {"encode": "doc", "worker_buffer": 8}),
+            ("torch DataLoader/2 workers", "throughput.peers.torch", {})]
     if quick:
         cfgs = [c for c in cfgs if c[0] not in ("zephon/inline", "grain/mp2, per-doc encode")]
     return cfgs
 
 
-def main(argv=None) -> int:
-    from zephon.demo_corpus import default_workdir
+def run(args, only: set[int], command: str) -> int:
+    """Run the side-by-side comparisons ``only`` (numbers 1-6), print their tables, write docs on a full run.
 
-    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="quarter corpus, 1 repetition, fewer steps (< 3 min)")
-    ap.add_argument("--only", default="1,2,3,4,5,6",
-                    help="comparisons to run (default: all); `loss`: the loss-curve experiment (benchmarks/loss); "
-                         "`packing` / `restore`: padding and restore-cost tables (benchmarks/packing.py, restore.py); "
-                         "`freethreaded`: runners on free-threaded 3.13t and 3.11 (benchmarks/freethreaded.py)")
-    ap.add_argument("--repeats", type=int, default=None, help="repetitions (default 3; 1 with --quick)")
-    ap.add_argument("--workdir", default=default_workdir(), help="corpus + prepared formats (default %(default)s)")
-    ap.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md and docs/img/")
-    ap.add_argument("--write", action="store_true", help="update docs even with --quick")
-    ap.add_argument("--results", default=None, help="also save the raw results as JSON here")
-    ap.add_argument("--from-results", default=None, metavar="JSON",
-                    help="render (print, and write docs unless --no-write) a saved --results file; run nothing")
-    args = ap.parse_args(argv)
-    if args.only.strip() == "loss":  # benchmarks/loss: its own runs, tables and doc (docs/loss-curves.md)
-        from .loss.run import main as loss_main
-        return loss_main(quick=args.quick, write=not args.no_write and (not args.quick or args.write),
-                         results=args.results, from_results=args.from_results, workdir=args.workdir)
-    own_tables = ("packing", "restore", "remote", "latency", "freethreaded")  # their own tables (packing.py, ...)
-    if args.only.strip() in own_tables:
-        import importlib
-
-        importlib.import_module(f".{args.only.strip()}", __package__).main(args.workdir, args.quick)
-        return 0
+    args: the entry point's options (quick, repeats, workdir, no_write, write, results, from_results).
+    only: the comparisons to run, by number. command: the command line, recorded with the tables.
+    """
     if args.from_results:
         R = json.loads(Path(args.from_results).read_text())
         md, plots = report.render(R, img_dir=REPO / "docs" / "img", write_plots=not args.no_write)
@@ -93,11 +70,7 @@ def main(argv=None) -> int:
         if not args.no_write:
             report.write_doc(REPO / "docs" / "benchmarks.md", md)
         return 0
-    only = {int(x) for x in args.only.split(",") if x.strip()}
     repeats = args.repeats or (1 if args.quick else 3)
-    given = sys.argv[1:] if argv is None else argv
-    command = "python -m benchmarks" + ("" if argv is None and len(sys.argv) <= 1 else
-                                        " " + " ".join(shlex.quote(a) for a in given))
     t_start = time.perf_counter()
     info = machine()
     log(f"# {command}\n# {info['date']}, nproc={info['nproc']}, {info['cpu']}, code {info['code']}, "
@@ -136,7 +109,7 @@ def main(argv=None) -> int:
         R["checkpoints"] = {}
         for impl in ("zephon", "grain", "torchdata", "energon", "streaming"):
             t0 = time.perf_counter()
-            R["checkpoints"][impl] = run_child("checkpoints.run", {"impl": impl, "manifest": m, "steps": steps},
+            R["checkpoints"][impl] = run_child("checkpoints.peers.run", {"impl": impl, "manifest": m, "steps": steps},
                                                log=log, timeout=900)
             log(f"  [4] {impl}: {time.perf_counter() - t0:.1f} s")
     if 5 in only:
@@ -153,7 +126,7 @@ def main(argv=None) -> int:
     if 6 in only:
         lanes = [8, 64, 256] if args.quick else [8, 64, 256, 1024]
         log(f"## 6. Zephon lanes scaling {lanes}")
-        cfgs = [(f"{n} lanes", "pipeline.zephon", {"runner": "threads", "lanes": n,
+        cfgs = [(f"{n} lanes", "throughput.peers.zephon", {"runner": "threads", "lanes": n,
                                                    "chunk_size": max(1, min(1024, m["docs"] // n // 2))})
                 for n in lanes]
         R["scaling"] = interleaved(cfgs, 1 if args.quick else 2, {"manifest": m, "format": "jsonl"}, "6")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import inspect
@@ -147,3 +148,16 @@ def deadline(seconds: int, what: str):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+def write_split_jsonl(root, name, n_shards, per_shard, offset):
+    """JSONL dataset ``root/name/train/part-S.jsonl`` of records ``{"id": k, "text": ...}``, k from ``offset``
+    (unique, so a reader can name every sample). Returns ``root/name`` (split ``train``)."""
+    d = os.path.join(root, name, "train")
+    os.makedirs(d)
+    for s in range(n_shards):
+        with open(os.path.join(d, f"part-{s}.jsonl"), "w") as f:
+            for i in range(per_shard):
+                k = offset + s * per_shard + i
+                f.write(json.dumps({"id": k, "text": f"sample {k} of {name}: " + "abc " * (k % 7)}) + "\n")
+    return os.path.join(root, name)

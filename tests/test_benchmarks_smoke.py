@@ -33,8 +33,8 @@ def test_quick_prepare_and_one_comparison(tmp_path):
     assert all(len(fs) == 1 for fs in m["jsonl"] + m["parquet"])
 
     runs = {}
-    for name, kind, cfg in (("zephon/inline", "pipeline.zephon", {"runner": "inline"}),
-                            ("torch DataLoader/2 workers", "pipeline.torch", {"workers": 0})):
+    for name, kind, cfg in (("zephon/inline", "throughput.peers.zephon", {"runner": "inline"}),
+                            ("torch DataLoader/2 workers", "throughput.peers.torch", {"workers": 0})):
         res = run_child(kind, {**cfg, "manifest": m, "format": "jsonl"}, timeout=120)
         assert res and "error" not in res, res
         assert res["tokens"] > 0 and res["rows"] > 0 and res["rss_main_mib"] > 0
@@ -48,3 +48,11 @@ def test_quick_prepare_and_one_comparison(tmp_path):
     md, plots = report.render(json.loads(json.dumps(R)), img_dir=tmp_path, write_plots=False)
     assert report.BEGIN in md and report.END in md and "| zephon/inline |" in md
     assert "best Zephon / torch DataLoader" in md
+
+
+def test_transport_table_has_every_transport():
+    """benchmarks/transport.py (``--only transport``): inline, pickle and shared memory each carry every record."""
+    from benchmarks.transport import measure_transport
+
+    rows = measure_transport(units=2, records=4)
+    assert [r[0] for r in rows] == ["inline (none)", "pickle", "shared memory"] and all(r[1] == 8 for r in rows)

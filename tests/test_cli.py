@@ -35,6 +35,7 @@ def test_verify_passes_with_token_level_mixture_correction(corpus, tokenizer_pat
     assert rc == 0, capsys.readouterr().out
 
 
+@pytest.mark.slow  # covered: test_remote_hosts' verify on a Parquet + JSONL bucket, test_engine's parquet == jsonl
 def test_verify_passes_on_parquet(corpus, tokenizer_path, capsys):
     rc = main(["verify", "--data", corpus["docs_parquet"], "--data", corpus["code_parquet"], "--weights", "1,1",
                "--tokenizer", tokenizer_path, *SMALL, "--runner", "inline"])
@@ -190,6 +191,7 @@ def _mds_texts(out, texts):
     return str(out)
 
 
+@pytest.mark.slow  # covered: test_remote_hosts' verify at S3, test_remote_formats' MDS at S3 == local (split)
 def test_verify_passes_on_mds_with_a_split_and_at_s3(tmp_path, stdlib_texts, tokenizer_path, s3, capsys):
     pytest.importorskip("streaming")
     root = tmp_path / "root"

@@ -8,6 +8,7 @@ import glob
 import json
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
@@ -57,6 +58,7 @@ def _deliver(segments, corpus_dir, tokenizer_path):
 segment = st.tuples(st.sampled_from([1, 2, 4]), st.lists(st.integers(0, 40), min_size=1, max_size=4))
 
 
+@pytest.mark.slow  # covered: test_state_machine's exactly-once under interrupts, restores and dp changes
 @settings(max_examples=8, deadline=None, database=None)
 @given(cuts=st.lists(segment, min_size=1, max_size=3), final_dp=st.sampled_from([1, 2, 4]))
 def test_every_sample_delivered_exactly_once(corpus, tokenizer_path, cuts, final_dp):

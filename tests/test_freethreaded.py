@@ -4,7 +4,7 @@ Marker ``freethreaded``; skipped, with the reason, where no free-threaded interp
 (``benchmarks.freethreaded.find_freethreaded_python``: ``$ZEPHON_FT_PYTHON`` or the venv that
 ``bash scripts/freethreaded.sh`` builds). The data is written here (3.11: ``streaming.MDSWriter``,
 ``energon prepare``); a child on the free-threaded interpreter reads it with each runner
-(``python -m benchmarks.freethreaded check``).
+(``python -m benchmarks.child freethreaded.check``).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from benchmarks.freethreaded import find_freethreaded_python, run_child
-from benchmarks.vl_data import natural_jpeg, sample_number, write_energon, write_mds
+from vl_data import natural_jpeg, sample_number, write_energon, write_mds
 
 FT = find_freethreaded_python()
 pytestmark = [pytest.mark.freethreaded,

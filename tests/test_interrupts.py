@@ -211,7 +211,8 @@ def _torch_ids(batch) -> list[tuple]:
     return [tuple(int(x) for x in s[:3]) for k, s in enumerate(batch["__src__"]) if not (pad is not None and pad[k])]
 
 
-@pytest.mark.parametrize("where", ["main process: _concat", "worker: read"])
+# The main-process case is slow (22 s); its seam, the conversion, is covered by the RankSession test below.
+@pytest.mark.parametrize("where", [pytest.param("main process: _concat", marks=pytest.mark.slow), "worker: read"])
 def test_torch_dataloader_workers_interrupted_resume_exactly(monkeypatch, data_dir, where):
     """zephon_torch.DataLoader with 2 workers: an exception in the main process's conversion of a group, or
     in a worker's read, with a checkpoint in the handler, resumes without skipping or repeating a row."""
@@ -292,6 +293,7 @@ def _interleaved(session):
                 its.remove(it)
 
 
+@pytest.mark.slow  # covered: test_interrupt_at_every_stage_boundary_neither_skips_nor_repeats (every boundary)
 def test_real_signals_at_random_moments_neither_skip_nor_repeat(data_dir):
     """KeyboardInterrupt from a real signal handler (SIGALRM, as Ctrl-C's SIGINT) at 40 random moments of a
     run, each checkpointed in the handler and resumed by a fresh Loader. The consumer is ``list.extend`` (C code:

@@ -105,6 +105,7 @@ def test_global_batches_identical_to_dp1(corpus, tokenizer_path, reference, dp, 
     assert [s for s in range(STEPS) if got[s] != reference[s]] == []
 
 
+@pytest.mark.slow  # covered: the verify test at dp 128 -> 32 below and the mid-step 64 -> 128 restore
 def test_resume_64_128_32_identical(corpus, tokenizer_path, reference):
     """Checkpoint at step 2 on 64 ranks, resume on 128 (sharing lanes), checkpoint at step 4, resume on 32."""
     h = StepHasher()

@@ -24,8 +24,7 @@ import psutil
 import pytest
 
 from zephon.engine import Loader, shm
-from zephon.engine.runners import InlineRunner, ProcessRunner, WorkerDied
-from zephon.engine.stage import UnitResult
+from zephon.engine.runners import ProcessRunner, WorkerDied
 from zephon.formats import open_dataset
 from zephon.ops import Batch, Decode, Map
 
@@ -171,6 +170,7 @@ def _kill_a_busy_worker(runner, after_rows, rows, killed) -> None:
         time.sleep(0.0005)
 
 
+@pytest.mark.slow  # covered: test_worker_exiting_inside_an_operator_is_replaced (a dead worker's unit re-run)
 def test_killed_worker_is_replaced_and_nothing_is_lost_or_repeated(jsonl, reference):
     template = make(jsonl, "inline", fn=slow_image)
     runner = ProcessRunner(template.stage, 2)
@@ -299,53 +299,3 @@ def test_no_worker_survives_its_parent_killed(jsonl, tmp_path, mode, expect):
         parent.wait()
         for p in _alive(kids):
             p.kill()
-
-
-# -- measurement -----------------------------------------------------------------------------------
-class ImageStage:
-    """A stage whose every unit is ``records`` records of one 224x224x3 float32 array (transport only)."""
-
-    datasets: list = []
-
-    def __init__(self, records: int = 64, shape=(224, 224, 3)):
-        self.records, self.shape = records, shape
-
-    def run(self, ptrs) -> UnitResult:
-        return UnitResult(records=[{"image": np.full(self.shape, float(ptrs) + i, np.float32), "id": (ptrs, i)}
-                                   for i in range(self.records)])
-
-
-def measure_transport(units: int = 40, records: int = 64, workers: int = 2) -> list:
-    """Records/s of ``units`` units through a ``ProcessRunner`` with pickle vs shared-memory transport
-    (the pump stacks each unit's arrays, as collate does), and of the same work inline (no transport).
-    Returns rows ``(transport, records, seconds, records/s)``."""
-    rows = []
-    for label, threshold in (("inline (none)", "inline"), ("pickle", None), ("shared memory", 64 * 1024)):
-        stage = ImageStage(records)
-        r = InlineRunner(stage) if threshold == "inline" else ProcessRunner(stage, workers, shm_threshold=threshold)
-        try:
-            r.submit(-1).result()  # warm up
-            t0 = time.perf_counter()
-            futures = [r.submit(u) for u in range(units)]
-            for u, f in enumerate(futures):
-                res = f.result()
-                batch = np.stack([rec["image"] for rec in res.records])  # what collate does: reads every byte
-                assert batch[-1, 0, 0, 0] == u + records - 1
-                del res, batch
-            dt = time.perf_counter() - t0
-        finally:
-            r.close()
-        rows.append((label, units * records, dt, units * records / dt))
-    return rows
-
-
-def test_measure_transport_smoke():
-    rows = measure_transport(units=2, records=4)
-    assert [r[0] for r in rows] == ["inline (none)", "pickle", "shared memory"] and all(r[1] == 8 for r in rows)
-
-
-if __name__ == "__main__":
-    print(f"unit = 64 records x 224x224x3 float32 ({64 * 224 * 224 * 3 * 4 / 2**20:.1f} MiB), 2 workers")
-    print(f"{'transport':<14} {'records':>8} {'seconds':>8} {'records/s':>10}")
-    for label, n, dt, rate in measure_transport():
-        print(f"{label:<14} {n:>8} {dt:>8.2f} {rate:>10.0f}")

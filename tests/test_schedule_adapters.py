@@ -186,17 +186,29 @@ CLI_SMALL = ["--canonical-replicas", "8", "--dp", "4", "--resume-dp", "2,8", "--
              "--max-length", "128", "--no-progress", "--workers", "1", "--runner", "inline"]
 
 
-def test_verify_with_a_schedule_file_passes_and_refuses_what_does_not_fit(corpus, tokenizer_path, tmp_path, capsys):
-    from zephon.cli import main
-
+def _ramp_schedule(tmp_path):
     sched = tmp_path / "curriculum.yaml"
     sched.write_text("- linear: {0: 9, 3: 9, 8: 1}\n- linear: {0: 1, 3: 1, 8: 9}\n")  # checkpoint 5: in the ramp
+    return sched
+
+
+@pytest.mark.slow  # covered: test_schedule's resume inside the ramp at another dp (the same check, in process)
+def test_verify_with_a_schedule_file_passes(corpus, tokenizer_path, tmp_path, capsys):
+    from zephon.cli import main
+
     out_json = tmp_path / "report.json"
+    sched = _ramp_schedule(tmp_path)
     rc = main(["verify", "--data", corpus["docs_jsonl"], "--data", corpus["code_jsonl"], "--schedule", str(sched),
                "--tokenizer", tokenizer_path, *CLI_SMALL, "--output-json", str(out_json)])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "OK: all 10 steps" in out and json.loads(out_json.read_text())["mismatches"] == []
+
+
+def test_verify_with_a_schedule_file_refuses_what_does_not_fit(corpus, tokenizer_path, tmp_path, capsys):
+    from zephon.cli import main
+
+    sched = _ramp_schedule(tmp_path)
     with_weights = main(["verify", "--data", corpus["docs_jsonl"], "--data", corpus["code_jsonl"], "--schedule",
                          str(sched), "--weights", "1,1", "--tokenizer", tokenizer_path, *CLI_SMALL])
     assert with_weights != 0 and "--schedule replaces --weights" in capsys.readouterr().err

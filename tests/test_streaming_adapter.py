@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.data import DataLoader  # noqa: E402
 
-from helpers import host_keywords, world  # noqa: E402
+from helpers import host_keywords, world, write_split_jsonl  # noqa: E402
 from zephon.checkpoint import CheckpointError  # noqa: E402
 from zephon_streaming import RefusedKeyword, Stream, StreamingDataLoader, StreamingDataset  # noqa: E402
 
@@ -27,21 +27,10 @@ GBS = 16          # global batch: 16 rows; 16 lanes by default (num_canonical_no
 CHUNK = 4
 
 
-def write_jsonl(root, name, n_shards, per_shard, offset):
-    d = os.path.join(root, name, "train")
-    os.makedirs(d)
-    for s in range(n_shards):
-        with open(os.path.join(d, f"part-{s}.jsonl"), "w") as f:
-            for i in range(per_shard):
-                k = offset + s * per_shard + i
-                f.write(json.dumps({"id": k, "text": f"sample {k} of {name}: " + "abc " * (k % 7)}) + "\n")
-    return os.path.join(root, name)
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("streaming"))
-    return {"a": write_jsonl(root, "a", 3, 120, 0), "b": write_jsonl(root, "b", 2, 90, 10_000),
+    return {"a": write_split_jsonl(root, "a", 3, 120, 0), "b": write_split_jsonl(root, "b", 2, 90, 10_000),
             "agg": os.path.join(root, "agg")}
 
 

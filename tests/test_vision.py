@@ -16,7 +16,7 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
-from benchmarks.vl_data import natural_jpeg, sample_number, vl_loader, write_energon, write_mds
+from vl_data import natural_jpeg, sample_number, vl_loader, write_energon, write_mds
 from zephon.formats import DataError
 from zephon.ops import (ByteTokenizer, CaptionTokens, DecodeImage, Normalize, RandomResizedCrop, Tokenize,
                         load_tokenizer, vision_language_ops)

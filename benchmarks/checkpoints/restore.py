@@ -22,19 +22,17 @@ ratio).
 from __future__ import annotations
 
 import gc
-import hashlib
 import json
 import time
+
+from . import digest
+from .peers import _Peer
 
 STEPS = 20
 SIZES = (10, 1000, 10000)
 
 
-def _digest(texts) -> str:
-    return hashlib.sha256("\0".join(texts).encode()).hexdigest()[:16]
-
-
-class EnergonRun:
+class EnergonRun(_Peer):
     """zephon_energon's training loader over the prepared WebDataset."""
 
     def __init__(self, m, n, flush_span=None):
@@ -55,17 +53,15 @@ class EnergonRun:
     def save(self, loader):
         return loader.save_state_rank()
 
-    def restore(self, state):
-        loader = self.make()
+    def _load(self, loader, state):
         loader.restore_state_rank(state)
-        return loader
 
     def close(self, loader):
         loader._stop()  # shut the DataLoader workers down now, not inside the next measurement
         gc.collect()
 
 
-class CoreRun:
+class CoreRun(_Peer):
     """The core Loader with a shuffle buffer of ``n`` documents."""
 
     def __init__(self, m, n, **_):
@@ -88,10 +84,8 @@ class CoreRun:
     def save(self, loader):
         return json.loads(json.dumps(loader.checkpoint()))
 
-    def restore(self, state):
-        loader = self.make()
+    def _load(self, loader, state):
         loader.restore(state)
-        return loader
 
     def close(self, loader):
         loader.close()
@@ -100,7 +94,7 @@ class CoreRun:
 def _first(run, loader) -> tuple[float, str]:
     t0 = time.perf_counter()
     batch = next(iter(run.batches(loader)))
-    return time.perf_counter() - t0, _digest(batch)
+    return time.perf_counter() - t0, digest(batch)
 
 
 def measure(run) -> dict:
@@ -110,7 +104,7 @@ def measure(run) -> dict:
     for _ in range(STEPS):
         next(it)
     state = run.save(loader)
-    want = _digest(next(it))
+    want = digest(next(it))
     run.close(loader)
     restore, cold, exact = [], [], True
     for _ in range(2):
@@ -130,7 +124,7 @@ def measure(run) -> dict:
 
 
 def run_all(workdir: str, quick: bool, log=print) -> list[dict]:
-    from .prepare import prepare
+    from ..prepare import prepare
 
     m = prepare(workdir, quick, log=log)
     rows = []

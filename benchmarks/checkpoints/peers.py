@@ -24,22 +24,14 @@ measurement pays the process's one-time costs).
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
 import pickle
 import time
 
-from .pipeline import JsonlSource
-
-
-def _digest(texts) -> str:
-    h = hashlib.sha256()
-    for t in texts:
-        h.update(t.encode("utf-8") if isinstance(t, str) else bytes(t))
-        h.update(b"\0")
-    return h.hexdigest()[:16]
+from ..throughput.peers import JsonlSource
+from . import digest
 
 
 def _torch_bytes(obj) -> int:
@@ -246,7 +238,7 @@ def child_run(cfg) -> dict:
             st = pickle.loads(pickle.dumps(st))  # detach from the live loader
         nxt = next(gen)
         done += 1
-        saved[s] = (st, size, _digest(nxt), time.perf_counter() - t0)
+        saved[s] = (st, size, digest(nxt), time.perf_counter() - t0)
     del gen
     ck.close(L)
     rows = []
@@ -256,7 +248,7 @@ def child_run(cfg) -> dict:
         R = ck.restore(st)
         first = next(iter(ck.steps(R)))
         restore = time.perf_counter() - t0
-        rows.append({"step": s, "bytes": size, "restore": restore, "exact": _digest(first) == want,
+        rows.append({"step": s, "bytes": size, "restore": restore, "exact": digest(first) == want,
                      "run_seconds": run_s})
         ck.close(R)
     # cold start: a fresh loader's first batch without a state, measured last (like the restores, after

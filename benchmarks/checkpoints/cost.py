@@ -5,7 +5,8 @@ shuffle + batch, stdlib corpus) checkpoints at each listed step; then each check
 fresh loader and the time to its first global batch is compared with a cold start of the same loader.
 Prints a table; asserts nothing (timings on shared 2-core machines are noisy: read the ratios).
 
-    python -m benchmarks.checkpoint_cost [--steps 150,1500] [--chunk-sizes 256,1024,16384] [--quick]
+    python -m benchmarks --only checkpoint-cost [--quick] [--workdir DIR] [--steps 150,1500]
+                                                [--chunk-sizes 256,1024,16384] [--lanes 64]
 """
 from __future__ import annotations
 
@@ -36,14 +37,16 @@ def first_step_seconds(loader) -> float:
     return dt
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None) -> int:
+    """Run the table; ``argv``: the section's arguments (see the module doc). Returns 0."""
+    p = argparse.ArgumentParser(prog="python -m benchmarks --only checkpoint-cost", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", default="150,1500")
     p.add_argument("--chunk-sizes", default="256,1024,16384")
     p.add_argument("--lanes", type=int, default=64)
     p.add_argument("--workdir", default=None)
     p.add_argument("--quick", action="store_true", help="steps 15,150 and chunk sizes 256,1024")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     if a.quick:
         a.steps, a.chunk_sizes = "15,150", "256,1024"
     steps = sorted(int(s) for s in a.steps.split(","))
@@ -78,7 +81,4 @@ def main() -> None:
     for cs, s, size, train_s, cold, restore, replayed in rows:
         print(f"{cs:>10} {s:>6} {size:>10} {train_s:>14.1f} {cold:>12.2f} {restore:>10.2f} "
               f"{restore / cold:>6.2f} {replayed:>13}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,4 +1,4 @@
-"""Vision-language sample datasets for the free-threaded benchmark and tests/test_vision.py.
+"""Vision-language sample datasets for tests/test_vision.py, tests/test_freethreaded.py and the free-threaded benchmark.
 
 Natural-looking JPEGs (gradients, smooth noise, shapes, grain; 300-640 px a side, no downloads) with
 captions, written by the peers' own writers: an MDS dataset with a ``jpeg`` column by

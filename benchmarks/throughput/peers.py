@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from .common import RssWatch, Timer
+from ..common import RssWatch, Timer
 
 SEQ = 2048
 
