@@ -16,6 +16,8 @@ from __future__ import annotations
 import itertools
 import sys
 
+from ..checkpoint import first_step
+
 
 def _dist():
     """``torch.distributed`` when a process group is up, else None (torch is never imported here)."""
@@ -88,22 +90,22 @@ def agreed_steps(groups, delivered: dict, rows_per_lane_step: int, agreement: St
         yield from buffered
 
 
-def padded_steps(groups, lanes, entries, rows_per_lane_step: int, micro_batch_size: int, agreement: StepAgreement,
+def padded_steps(groups, lanes, cursors, rows_per_lane_step: int, micro_batch_size: int, agreement: StepAgreement,
                  padding, share: tuple[int, int] = (1, 0)):
     """Release ``groups`` (as ``agreed_steps``) step by step while some rank holds a row of the step, filling
     each (step, micro-batch) with a padding item for every lane of ``lanes`` that has none.
 
-    entries: the rank's checkpoint lane entries at the start (which (step, micro) each lane owes next);
+    cursors: the rank's ``LaneCursor``s at the start (which (step, micro) each lane owes next);
     padding(lane, step, micro, state) -> ``(meta, payload)``: a micro-batch of padding rows for ``lane``
     whose checkpoint entry becomes ``state`` (the lane's last entry with the padding counted). share: ``(ranks per
     lane, this rank's block)`` when ranks share lanes (``Loader.lane_shares``, ``share_index``): only the block's
     micro-batches are owed, and its last one's entry is the whole step's, as on the lane's other ranks."""
     it = itertools.chain(groups, [None])
     group = next(it)
-    state = {e["lane"]: dict(e) for e in entries}
+    state = {c.lane: c.to_dict() for c in cursors}
     per = rows_per_lane_step // micro_batch_size // share[0]
     block = range(share[1] * per, (share[1] + 1) * per)  # the micro-batches of a step this rank delivers
-    step = min(e["delivered_rows"] for e in entries) // rows_per_lane_step
+    step = first_step(cursors, rows_per_lane_step)
     while True:
         buffered, group = _take_step(it, group, step)
         if not agreement.agree(bool(buffered), any_rank=True):
