@@ -77,3 +77,27 @@ def test_make_state_writes_cursors_and_validate_reads_them_back():
     by_lane = validate(from_dicts, "fp", summary, lanes=[0, 1])
     assert by_lane == {0: LaneCursor(0, 1, 0, 0, 192, {"0": [[4]]}), 1: LaneCursor(1, 0, 128, 3, 99)}
     assert [by_lane[lane].to_dict() for lane in (0, 1)] == sorted(old_entries, key=lambda e: e["lane"])
+
+
+def test_padded_steps_pads_from_the_lanes_cursors():
+    """``host.padded_steps`` reads each lane's start cursor: 4 rows per lane step in micro-batches of 2; lane 0
+    delivers step 0, lane 1 delivers nothing and starts either at row 0 or after micro-batch 0 (a mid-step
+    checkpoint). Lane 1 gets a padding item exactly for the micro-batches it still owes, its entry counting
+    the rows up to them (by hand: 2 after micro 0, 4 after micro 1)."""
+    from zephon.host import StepAgreement
+    from zephon.host.agreement import padded_steps
+
+    items = [[({"lane": 0, "step": 0, "micro": j, "rows": 2, "last": True,
+                "state": LaneCursor(0, delivered_rows=2 * (j + 1)).to_dict()}, f"a{j}")] for j in (0, 1)]
+
+    def padding(lane, step, micro, state):
+        return {"lane": lane, "step": step, "micro": micro, "state": state}, "pad"
+
+    def run(lane1_start):
+        cursors = [LaneCursor(0), LaneCursor(1, delivered_rows=lane1_start)]
+        out = list(padded_steps(iter(items), [0, 1], cursors, 4, 2, StepAgreement(), padding))
+        return [[(m["lane"], m["micro"], m["state"]["delivered_rows"], p) for m, p in g] for g in out]
+
+    assert run(0) == [[(0, 0, 2, "a0"), (1, 0, 2, "pad")], [(0, 1, 4, "a1"), (1, 1, 4, "pad")]]
+    assert run(2) == [[(0, 0, 2, "a0")], [(0, 1, 4, "a1"), (1, 1, 4, "pad")]]
+    assert run(4) == [[(0, 0, 2, "a0")], [(0, 1, 4, "a1")]]  # lane 1 owes nothing of step 0
