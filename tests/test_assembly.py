@@ -4,6 +4,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from zephon.checkpoint import LaneCursor
 from zephon.host import StepAssembly
 
 
@@ -30,7 +31,7 @@ def arrivals(draw):
     for lane in order:
         seq.append(per_lane[lane][cursors[lane]])
         cursors[lane] += 1
-    entries = [{"lane": lane, "delivered_rows": starts[lane]} for lane in lanes]
+    entries = [LaneCursor(lane, delivered_rows=starts[lane]) for lane in lanes]
     return lanes, entries, rps, m, seq
 
 
@@ -53,7 +54,7 @@ def test_groups_come_out_in_step_micro_lane_order(case):
 
 
 def test_multi_item_parts_are_released_only_when_last():
-    asm = StepAssembly([0, 1], [{"lane": 0, "delivered_rows": 0}, {"lane": 1, "delivered_rows": 0}], 1, 1)
+    asm = StepAssembly([0, 1], [LaneCursor(0), LaneCursor(1)], 1, 1)
     assert asm.add(0, 0, 0, "a0", last=False) == []
     assert asm.add(0, 0, 1, "b0") == []
     assert asm.add(0, 0, 0, "a1") == [["a0", "a1", "b0"]]

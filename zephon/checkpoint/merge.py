@@ -1,7 +1,7 @@
 """Merging rank checkpoints: each rank's lanes into one global checkpoint, restorable at any dp_degree."""
 from __future__ import annotations
 
-from .schema import CheckpointError, lane_ranges, make_state, validate
+from .schema import CheckpointError, LaneCursor, lane_ranges, make_state, validate
 
 
 def merge_states(states, *, complete: bool = True) -> dict:
@@ -60,8 +60,9 @@ def _conflict(lane: int, i: int, a: dict, k: int, b: dict, rows_per_lane_step: i
     """The message for lane ``lane`` found in states ``i`` and ``k`` (positions in the list: ranks when the
     list is in rank order) with different entries ``a`` and ``b``."""
     def where(e):
-        step, row = divmod(e.get("delivered_rows", 0), rows_per_lane_step)
-        return f"{e.get('delivered_rows')} rows delivered (step {step}" + (f", row {row} of it)" if row else ")")
+        c = LaneCursor.from_dict(e)  # validated by merge_states
+        step, row = c.step(rows_per_lane_step), c.in_step(rows_per_lane_step)
+        return f"{c.delivered_rows} rows delivered (step {step}" + (f", row {row} of it)" if row else ")")
     hint = ("ranks that share a lane (dp_degree a multiple of canonical_replicas) must all checkpoint after the "
             "same step, at a step boundary (after the last micro-batch of the step); re-save after a whole step"
             if a.get("delivered_rows") != b.get("delivered_rows") else

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 FORMAT = "zephon-checkpoint/1"
 LANE_KEYS = ("lane", "sentinel_chunk", "sentinel_offset", "replay_cursor", "delivered_rows")
@@ -56,6 +56,17 @@ class LaneCursor:
         return cls(lane)
 
     @classmethod
+    def at_span(cls, lane: int, span_index: int, replay_cursor: int, delivered_rows: int, *, span: int,
+                chunk_size: int, carry: dict | None = None) -> "LaneCursor":
+        """The cursor of ``lane`` inside its flush span number ``span_index``.
+
+        replay_cursor: rows of that span delivered; delivered_rows: rows of the lane delivered in all;
+        span: pointers per flush span; chunk_size: pointers per chunk; carry: see ``CARRY_KEY`` (None or empty:
+        nothing carried)."""
+        chunk, offset = divmod(span_index * span, chunk_size)
+        return cls(lane, chunk, offset, replay_cursor, delivered_rows, carry or None)
+
+    @classmethod
     def from_dict(cls, entry) -> "LaneCursor":
         """Parse a checkpoint lane entry. Raises ``CheckpointError`` naming the entry when keys or values
         are wrong (non-negative integers; ``replay_cursor <= delivered_rows``)."""
@@ -71,15 +82,35 @@ class LaneCursor:
         return cls(**{k: entry[k] for k in LANE_KEYS}, carry=entry.get(CARRY_KEY))
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        if d["carry"] is None:
-            del d["carry"]
+        """The checkpoint lane entry (keys in ``LANE_KEYS`` order, ``carry`` only when set; ``carry`` is
+        this cursor's own dict, not a copy: treat both as read-only)."""
+        d = {"lane": self.lane, "sentinel_chunk": self.sentinel_chunk, "sentinel_offset": self.sentinel_offset,
+             "replay_cursor": self.replay_cursor, "delivered_rows": self.delivered_rows}
+        if self.carry is not None:
+            d[CARRY_KEY] = self.carry
         return d
 
+    def step(self, rows_per_lane_step: int) -> int:
+        """The step the lane's next row belongs to (``rows_per_lane_step``: rows a lane gives per step)."""
+        return self.delivered_rows // rows_per_lane_step
+
+    def in_step(self, rows_per_lane_step: int) -> int:
+        """Rows of the current step (``step``) already delivered: 0 at a step boundary."""
+        return self.delivered_rows % rows_per_lane_step
+
     def position(self, rows_per_lane_step: int, micro_batch_size: int) -> tuple[int, int]:
-        """``(step, micro-batch index)`` of the lane's next row."""
-        step, rows = divmod(self.delivered_rows, rows_per_lane_step)
-        return step, rows // micro_batch_size
+        """``(step, micro-batch index)`` of the lane's next row (``micro_batch_size``: rows per micro-batch)."""
+        return self.step(rows_per_lane_step), self.in_step(rows_per_lane_step) // micro_batch_size
+
+    def first_pointer(self, chunk_size: int) -> int:
+        """The lane-local pointer index of the sentinel that opens the span in progress (``chunk_size``:
+        pointers per chunk)."""
+        return self.sentinel_chunk * chunk_size + self.sentinel_offset
+
+
+def first_step(cursors, rows_per_lane_step: int) -> int:
+    """The earliest step any of ``cursors`` (``LaneCursor``s) still owes (0 for none): a checkpoint's ``step``."""
+    return min((c.step(rows_per_lane_step) for c in cursors), default=0)
 
 
 def _is_ref(r) -> bool:
@@ -170,7 +201,7 @@ def validate(state, fingerprint: str, summary: dict, lanes=None, resume_check=No
     """Check ``state`` (a checkpoint dict) against this loader's config and, if ``lanes`` is given,
     that each of them is present. ``resume_check(state)``, when given, decides on a config whose mixture
     schedule differs (raising ``ValueError`` to refuse); without it the schedules must be equal. Returns
-    ``{lane: lane_state}``. Raises ``CheckpointError`` that says what differs or which lanes are missing."""
+    ``{lane: LaneCursor}``. Raises ``CheckpointError`` that says what differs or which lanes are missing."""
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         fmt = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"not a Zephon checkpoint (format {fmt!r}, expected {FORMAT!r})")
@@ -190,10 +221,10 @@ def validate(state, fingerprint: str, summary: dict, lanes=None, resume_check=No
     _check_derived(state, summary, lanes_list, schedule_checked=resume_check is not None)
     by_lane = {}
     for entry in lanes_list:
-        LaneCursor.from_dict(entry)
-        if entry["lane"] in by_lane and by_lane[entry["lane"]] != entry:
-            raise CheckpointError(f"lane {entry['lane']} appears twice with different states")
-        by_lane[entry["lane"]] = entry
+        cursor = LaneCursor.from_dict(entry)
+        if cursor.lane in by_lane and by_lane[cursor.lane] != cursor:
+            raise CheckpointError(f"lane {cursor.lane} appears twice with different states")
+        by_lane[cursor.lane] = cursor
     if resume_check is not None:
         try:
             resume_check(state)
@@ -240,25 +271,32 @@ def _check_derived(state: dict, summary: dict, lanes_list: list, schedule_checke
         rps = gbs // r
         expected["rows_per_lane_step"] = rps
         if all(isinstance(e, dict) and type(e.get("delivered_rows")) is int for e in lanes_list):
-            expected["step"] = min((e["delivered_rows"] // rps for e in lanes_list), default=0)
+            expected["step"] = first_step([LaneCursor(e.get("lane"), delivered_rows=e["delivered_rows"])
+                                           for e in lanes_list], rps)
     for key, value in expected.items():
         if value is not None and state.get(key) != value:
             raise CheckpointError(f"checkpoint field {key!r} is {state.get(key)!r} but its config and lane entries "
                                   f"say {value!r}: the file was edited or truncated")
 
 
-def initial_lanes(lanes) -> list[dict]:
-    """Lane entries of lanes that have delivered nothing (a fresh start), in the given order."""
-    return [LaneCursor.fresh(lane).to_dict() for lane in lanes]
+def initial_lanes(lanes) -> list[LaneCursor]:
+    """Cursors of lanes that have delivered nothing (a fresh start), in the given order."""
+    return [LaneCursor.fresh(lane) for lane in lanes]
 
 
-def make_state(fingerprint: str, summary: dict, canonical_replicas: int, rows_per_lane_step: int, lanes: list) -> dict:
-    """Assemble a checkpoint dict from per-lane entries (sorted by lane)."""
-    lanes = sorted(lanes, key=lambda e: e["lane"])
-    steps = [e["delivered_rows"] // rows_per_lane_step for e in lanes]
+def make_state(fingerprint: str, summary: dict, canonical_replicas: int, rows_per_lane_step: int, lanes) -> dict:
+    """Assemble a checkpoint dict: the one place a state is written.
+
+    fingerprint, summary: the config's (``config_digest``, ``summarize_config``); canonical_replicas: lanes;
+    rows_per_lane_step: rows a lane gives per step; lanes: ``LaneCursor``s or lane entries (parsed here), any
+    order (written sorted by lane, each as ``LaneCursor.to_dict``). Raises ``CheckpointError`` for a malformed
+    entry."""
+    cursors = sorted((c if isinstance(c, LaneCursor) else LaneCursor.from_dict(c) for c in lanes),
+                     key=lambda c: c.lane)
+    entries = [c.to_dict() for c in cursors]
     return {"format": FORMAT, "fingerprint": fingerprint, "config": summary,
             "canonical_replicas": canonical_replicas, "rows_per_lane_step": rows_per_lane_step,
-            "step": min(steps) if steps else 0, "lanes": lanes, "lanes_sha256": digest(lanes)}
+            "step": first_step(cursors, rows_per_lane_step), "lanes": entries, "lanes_sha256": digest(entries)}
 
 
 def lane_ranges(xs) -> str:

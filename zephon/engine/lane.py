@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 from itertools import islice
 
+from ..checkpoint import LaneCursor
 from ..ops.base import RecordError
 from ..formats import DataError
 from .stage import error_for
@@ -64,12 +65,12 @@ class LanePipeline:
     """One lane's pipeline on the pump: dispatch, sequence reorder, accumulators, row buffer, lane cursor.
 
     ``chain``: operators after the worker stage, in order (accumulators get one instance per lane;
-    stateless ones run inline here). ``start``: the lane's checkpoint entry or None (fresh). ``ledger``: the
-    loader's ``stage.SkipLedger`` (per-dataset skip limits) or None. ``dry_limit``: pointers the lane may
-    release without producing a row before that is an error (None: no limit; see ``Loader``)."""
+    stateless ones run inline here). ``start``: the lane's ``LaneCursor`` (a checkpoint's) or None (fresh).
+    ``ledger``: the loader's ``stage.SkipLedger`` (per-dataset skip limits) or None. ``dry_limit``: pointers the
+    lane may release without producing a row before that is an error (None: no limit; see ``Loader``)."""
 
     def __init__(self, lane: int, source, chain_ops, datasets, *, span: int, unit_size: int,
-                 start: dict | None = None, ledger=None, dry_limit: int | None = None):
+                 start: LaneCursor | None = None, ledger=None, dry_limit: int | None = None):
         self.lane = lane
         self.source = source
         self.datasets = datasets
@@ -78,24 +79,24 @@ class LanePipeline:
         self.unit_size = unit_size
         self.chain = [(op, op.new_accumulator(lane) if op.stateful else None) for op in chain_ops]
         self.carriers = carrier_indexes(chain_ops)
-        start = start or {"sentinel_chunk": 0, "sentinel_offset": 0, "replay_cursor": 0, "delivered_rows": 0}
-        first = start["sentinel_chunk"] * self.cs + start["sentinel_offset"]  # lane-local pointer index
+        start = start or LaneCursor.fresh(lane)
+        first = start.first_pointer(self.cs)  # lane-local pointer index
         if first % span:
             raise ValueError(f"lane {lane}: sentinel at pointer {first} is not a multiple of the flush span {span}")
         self.span_index = first // span                              # span being produced
         # (span of the next row to deliver, rows of that span delivered, rows delivered in all (padding included),
         # buffered rows taken by this pipeline): one tuple, so a delivery commits with a single attribute store
         # that no signal can split (see ``cursor_after``); ``drop`` then frees the taken rows, idempotently.
-        self.cursor = (self.span_index, start["replay_cursor"], start["delivered_rows"], 0)
+        self.cursor = (self.span_index, start.replay_cursor, start.delivered_rows, 0)
         self.queued = 0  # rows ever put in the buffer: each buffered row is (span, row, its index among them)
-        self.replay_span, self.replay_skip = self.span_index, start["replay_cursor"]
+        self.replay_span, self.replay_skip = self.span_index, start.replay_cursor
         self.replayed_rows = 0
         self.produced = 0        # rows produced in this span so far
         self.sealed_rows = {}    # span -> final row count, once its sentinel passed
         self.carried = {}        # span -> {chain index (str): bins of record refs} carried into it
-        if start.get("carry"):
-            self.carried[self.span_index] = start["carry"]
-        self._resume_carry = start.get("carry") or None  # regenerate before the span's first unit
+        if start.carry:
+            self.carried[self.span_index] = start.carry
+        self._resume_carry = start.carry or None  # regenerate before the span's first unit
         self.rows: deque = deque()  # (span, row, k) ready for the tail
         # dispatch side
         self.next_chunk, self.start_offset = divmod(first, self.cs)
@@ -356,16 +357,16 @@ class LanePipeline:
         self.drop()
         return out
 
-    def state(self, cursor: tuple | None = None) -> dict:
-        """This lane's ``cursor`` (default: the current one) as a checkpoint entry (plain JSON data)."""
+    def lane_cursor(self, cursor: tuple | None = None) -> LaneCursor:
+        """This lane's ``cursor`` (default: the current one) as a ``LaneCursor`` (what a checkpoint holds)."""
         s, r, total, _ = self.cursor if cursor is None else cursor
         if self.sealed_rows.get(s) == r:  # that span is fully delivered: resume at the next one
             s, r = s + 1, 0
-        chunk, offset = divmod(s * self.span, self.cs)
-        entry = {"lane": self.lane, "sentinel_chunk": chunk, "sentinel_offset": offset, "replay_cursor": r,
-                 "delivered_rows": total}
-        if self.carried.get(s):
-            entry["carry"] = self.carried[s]
-        return entry
+        return LaneCursor.at_span(self.lane, s, r, total, span=self.span, chunk_size=self.cs,
+                                  carry=self.carried.get(s))
+
+    def state(self, cursor: tuple | None = None) -> dict:
+        """``lane_cursor(cursor)`` as a checkpoint lane entry (plain JSON data, as a micro-batch carries it)."""
+        return self.lane_cursor(cursor).to_dict()
 
 

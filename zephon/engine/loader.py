@@ -186,7 +186,7 @@ class Loader:
         if self._pending is not None:
             entries = [self._pending[lane] for lane in self.lanes]
         elif self._state:
-            entries = [self._state[lane].state() for lane in self.lanes]
+            entries = [self._state[lane].lane_cursor() for lane in self.lanes]
         else:
             entries = ckpt.initial_lanes(self.lanes)
         return self.plan.make_state(entries)
@@ -195,7 +195,7 @@ class Loader:
         """Validate ``state`` now (raises ``CheckpointError`` saying what differs or which lanes are
         missing); apply it when iteration next starts. A global (merged) or this rank's own state."""
         by_lane = self.plan.validate(state, self.lanes)
-        self._pending = {lane: dict(by_lane[lane]) for lane in self.lanes}
+        self._pending = {lane: by_lane[lane] for lane in self.lanes}
         self.tail.handed = None  # the restored state replaces what was delivered
         self._generation += 1
 
@@ -205,7 +205,7 @@ class Loader:
         if self._pending is not None:
             entries = self._pending
         else:  # a new iteration continues where the last one stopped
-            entries = {lane: st.state() for lane, st in self._state.items()}
+            entries = {lane: st.lane_cursor() for lane, st in self._state.items()}
         self._pending = None
         if self._runner is None:
             self._runner = make_runner(self._runner_spec, self.stage, self.num_workers)

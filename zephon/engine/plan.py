@@ -140,10 +140,11 @@ class LoaderPlan:
                              f"foreign: {foreign}")
         return owned
 
-    def make_state(self, entries) -> dict:
-        """A checkpoint of this config holding the lane entries ``entries`` (``checkpoint.make_state``)."""
+    def make_state(self, cursors) -> dict:
+        """A checkpoint of this config holding ``cursors`` (``LaneCursor``s or lane entries; see
+        ``checkpoint.make_state``, which raises ``CheckpointError`` for a malformed entry)."""
         return ckpt.make_state(self.fingerprint, self.summary, self.canonical_replicas, self.rows_per_lane_step,
-                               entries)
+                               cursors)
 
     def config_diff(self, summary: dict) -> list[str]:
         """What differs between this plan's config and a checkpoint's ``summary`` (its ``config``), one
@@ -151,7 +152,7 @@ class LoaderPlan:
         return ckpt.config_diff(self.summary, summary)
 
     def validate(self, state: dict, lanes) -> dict:
-        """Check that ``state`` restores ``lanes`` under this plan; returns ``{lane: entry}``.
+        """Check that ``state`` restores ``lanes`` under this plan; returns ``{lane: LaneCursor}``.
 
         Raises ``CheckpointError`` saying what differs (config, lanes missing, a sentinel off the flush
         boundary, records carried into an operator that carries nothing)."""
@@ -160,12 +161,11 @@ class LoaderPlan:
         carriers = {str(i) for i in carrier_indexes(self.chain_ops)}
         chunk = self.source.chunk_size
         for lane in lanes:
-            e = by_lane[lane]
-            first = e["sentinel_chunk"] * chunk + e["sentinel_offset"]
-            if first % self.flush_span or e["sentinel_offset"] >= chunk:
-                raise ckpt.CheckpointError(f"lane {lane}: sentinel ({e['sentinel_chunk']}, {e['sentinel_offset']}) "
+            c = by_lane[lane]
+            if c.first_pointer(chunk) % self.flush_span or c.sentinel_offset >= chunk:
+                raise ckpt.CheckpointError(f"lane {lane}: sentinel ({c.sentinel_chunk}, {c.sentinel_offset}) "
                                            f"is not on a flush boundary (every {self.flush_span} pointers)")
-            bad = sorted(set(e.get("carry") or {}) - carriers)
+            bad = sorted(set(c.carry or {}) - carriers)
             if bad:
                 raise ckpt.CheckpointError(f"lane {lane}: the checkpoint carries records into operator(s) {bad}, "
                                            f"which carry nothing in this pipeline (an edited checkpoint?)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 
+from .. import checkpoint as ckpt
 from ..formats import DataError, DataWarning
 from ..formats.records import LANE, MICRO, PAD, ROWS, STATE, STEP
 from ..ops.batch import collate, padding_row
@@ -73,13 +74,14 @@ class Tail:
             return None
         candidates = L.lanes if pad else active
         # Step order even after a ragged (mid-step, per-rank) checkpoint: lanes behind go first.
-        step = min(L.lane(lane).delivered_rows // rps for lane in candidates)
+        cursors = {lane: L.lane(lane).lane_cursor() for lane in candidates}
+        step = ckpt.first_step(cursors.values(), rps)
         offset, ready, short = {}, [], False
         for lane in candidates:
             st = L.lane(lane)
-            if st.delivered_rows // rps != step:
+            if cursors[lane].step(rps) != step:
                 continue
-            offset[lane] = st.delivered_rows % rps  # non-zero only after a mid-step checkpoint
+            offset[lane] = cursors[lane].in_step(rps)  # non-zero only after a mid-step checkpoint
             L.ensure(lane, rps - offset[lane])
             if len(st.rows) >= rps - offset[lane] or pad or (st.rows and not drop_last):
                 ready.append(lane)
@@ -98,7 +100,7 @@ class Tail:
         L, rps = self.loader, self.loader.plan.rows_per_lane_step
         active = [lane for lane in L.lanes if not _spent(L.lane(lane))]
         if pad:
-            active += [lane for lane in L.lanes if lane not in active and L.lane(lane).delivered_rows % rps]
+            active += [lane for lane in L.lanes if lane not in active and L.lane(lane).lane_cursor().in_step(rps)]
         return active
 
     def _micro_batch(self, lane: int, step: int, j: int, offset: int, pad: bool, generation: int):

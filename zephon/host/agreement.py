@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import itertools
 import sys
+from dataclasses import replace
+
+from ..checkpoint import LaneCursor, first_step
 
 
 def _dist():
@@ -88,22 +91,22 @@ def agreed_steps(groups, delivered: dict, rows_per_lane_step: int, agreement: St
         yield from buffered
 
 
-def padded_steps(groups, lanes, entries, rows_per_lane_step: int, micro_batch_size: int, agreement: StepAgreement,
+def padded_steps(groups, lanes, cursors, rows_per_lane_step: int, micro_batch_size: int, agreement: StepAgreement,
                  padding, share: tuple[int, int] = (1, 0)):
     """Release ``groups`` (as ``agreed_steps``) step by step while some rank holds a row of the step, filling
     each (step, micro-batch) with a padding item for every lane of ``lanes`` that has none.
 
-    entries: the rank's checkpoint lane entries at the start (which (step, micro) each lane owes next);
+    cursors: the rank's ``LaneCursor``s at the start (which (step, micro) each lane owes next);
     padding(lane, step, micro, state) -> ``(meta, payload)``: a micro-batch of padding rows for ``lane``
     whose checkpoint entry becomes ``state`` (the lane's last entry with the padding counted). share: ``(ranks per
     lane, this rank's block)`` when ranks share lanes (``Loader.lane_shares``, ``share_index``): only the block's
     micro-batches are owed, and its last one's entry is the whole step's, as on the lane's other ranks."""
     it = itertools.chain(groups, [None])
     group = next(it)
-    state = {e["lane"]: dict(e) for e in entries}
+    state = {c.lane: c for c in cursors}
     per = rows_per_lane_step // micro_batch_size // share[0]
     block = range(share[1] * per, (share[1] + 1) * per)  # the micro-batches of a step this rank delivers
-    step = min(e["delivered_rows"] for e in entries) // rows_per_lane_step
+    step = first_step(cursors, rows_per_lane_step)
     while True:
         buffered, group = _take_step(it, group, step)
         if not agreement.agree(bool(buffered), any_rank=True):
@@ -131,7 +134,7 @@ def _take_step(it, group, step: int):
 def _padded_micro(items, lanes, state: dict, where: tuple, rows_per_lane_step: int, micro_batch_size: int,
                   padding) -> list:
     """One (step, micro-batch) of ``lanes``: the lanes' ``items``, and a padding item for every lane that has
-    none and owes it. ``state``: ``{lane: entry}``, updated with what is released. ``where``: ``(step, micro,
+    none and owes it. ``state``: ``{lane: LaneCursor}``, updated with what is released. ``where``: ``(step, micro,
     last)``, ``last`` when the micro-batch is this rank's last of the step (a shared lane's entry then covers
     the whole step)."""
     step, micro, last = where
@@ -140,14 +143,13 @@ def _padded_micro(items, lanes, state: dict, where: tuple, rows_per_lane_step: i
     for meta, payload in items:
         got.setdefault(meta["lane"], []).append((meta, payload))
         if meta.get("last", True):
-            state[meta["lane"]] = dict(meta["state"])
+            state[meta["lane"]] = LaneCursor.from_dict(meta["state"])
     out = []
     for lane in lanes:
         if lane in got:
             out.extend(got[lane])
-        elif state[lane]["delivered_rows"] < step * rows_per_lane_step + (micro + 1) * micro_batch_size:
+        elif state[lane].position(rows_per_lane_step, micro_batch_size) <= (step, micro):
             upto = micros if last else micro + 1  # the lane has not delivered (step, micro) yet
-            entry = dict(state[lane], delivered_rows=(step * micros + upto) * micro_batch_size)
-            state[lane] = entry
-            out.append(padding(lane, step, micro, entry))
+            state[lane] = replace(state[lane], delivered_rows=(step * micros + upto) * micro_batch_size)
+            out.append(padding(lane, step, micro, state[lane].to_dict()))
     return out

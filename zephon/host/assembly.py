@@ -8,27 +8,23 @@ to the earliest open (step, micro) has delivered it.
 """
 from __future__ import annotations
 
-from ..checkpoint import LaneCursor
-
 
 class StepAssembly:
     """Reorder a rank's lane items into (step, micro-batch, lane) order.
 
     Args:
         lanes: the rank's lanes, in the order a group lists them.
-        entries: the rank's checkpoint lane entries at the start (``Progress.checkpoint()["lanes"]``);
-            they say which (step, micro) each lane delivers next.
+        cursors: the rank's ``LaneCursor``s at the start (``Progress.cursors()``); they say which (step, micro)
+            each lane delivers next.
         rows_per_lane_step, micro_batch_size: the loader's (rows per lane per step; rows per micro-batch).
     ``add(step, micro, lane, item, last=True)`` files one item (several items may make up one lane's part
     of a group: ``last`` marks its final one) and returns the groups now complete, each a list of items
     in lane order; ``finish()`` returns what is left at the end of the stream (groups some lane never
     completed, e.g. a finite stream's end), in order."""
 
-    def __init__(self, lanes, entries, rows_per_lane_step: int, micro_batch_size: int):
+    def __init__(self, lanes, cursors, rows_per_lane_step: int, micro_batch_size: int):
         self.lanes = list(lanes)
-        self.next_pos = {e["lane"]: LaneCursor(e["lane"], delivered_rows=e["delivered_rows"]).position(
-                             rows_per_lane_step, micro_batch_size)
-                         for e in entries}
+        self.next_pos = {c.lane: c.position(rows_per_lane_step, micro_batch_size) for c in cursors}
         self.open: dict[tuple, list] = {}
         self.done: dict[tuple, dict] = {}
 

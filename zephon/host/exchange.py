@@ -42,7 +42,7 @@ ACTIVE = ("busy", "idle")
 def start_steps(session) -> dict:
     """``{lane: first step it still owes}`` for a ``RankSession``'s starting state (what worker loaders restore)."""
     rps = session.plan.rows_per_lane_step
-    return {e["lane"]: e["delivered_rows"] // rps for e in session.start_state()["lanes"]}
+    return {c.lane: c.step(rps) for c in session.start_cursors()}
 
 
 def rank_order(items, lanes) -> list:

@@ -57,7 +57,12 @@ class Progress:
             self.record(entry)
         self.handed = []
 
+    def cursors(self) -> list:
+        """The rank's ``LaneCursor``s (every lane of ``plan.rank_lanes``, in lane order), handed items included."""
+        self.commit()
+        return [e if isinstance(e, ckpt.LaneCursor) else ckpt.LaneCursor.from_dict(e)
+                for _, e in sorted(self.entries.items())]
+
     def checkpoint(self) -> dict:
         """The rank's checkpoint dict (every lane of ``plan.rank_lanes``), handed items included."""
-        self.commit()
-        return self.plan.make_state(list(self.entries.values()))
+        return self.plan.make_state(self.cursors())

@@ -148,7 +148,7 @@ class RankSession:
         micro-batch), in lane order; a finite pass ends on the step every lane and rank completes. Records
         nothing (see ``consumed``)."""
         L = self.plan
-        start = self.progress.checkpoint()["lanes"]
+        start = self.progress.cursors()
         asm = StepAssembly(L.rank_lanes, start, L.rows_per_lane_step, L.batch.micro_batch_size)
 
         def ordered():
@@ -172,7 +172,7 @@ class RankSession:
             return ordered()
         if self._agreement is None:
             self._agreement = StepAgreement(self._agreement_group)
-        delivered = {e["lane"]: e["delivered_rows"] for e in start}
+        delivered = {c.lane: c.delivered_rows for c in start}
         on_drop = self._count_dropped if L.batch.drop_last else self._count_uneven_tail
         return agreed_steps(ordered(), delivered, L.rows_per_lane_step, self._agreement, on_drop,
                             whole_steps=L.batch.drop_last)
@@ -250,6 +250,10 @@ class RankSession:
     def start_state(self) -> dict:
         """The rank's checkpoint the next worker iteration starts from (set by ``load`` and ``begin``)."""
         return self._start
+
+    def start_cursors(self) -> list:
+        """``start_state``'s lanes as ``LaneCursor``s, in lane order."""
+        return [ckpt.LaneCursor.from_dict(e) for e in self._start["lanes"]]
 
     def rank_state(self) -> dict:
         """This rank's checkpoint as of the last item handed out: JSON data."""
