@@ -47,8 +47,6 @@ def carrier_indexes(chain_ops) -> set[int]:
     return out
 
 
-
-
 class _Carried:
     """The unit that regenerates the records carried into a resumed span (released before anything else)."""
 

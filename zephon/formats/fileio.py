@@ -45,6 +45,8 @@ def pread_spans(pread, spans: Sequence[tuple[int, int]]) -> list[bytes]:
     one per span) is asked once. spans: byte ranges, end exclusive. Returns fewer bytes for a span past the end.
     """
     many = getattr(pread, "preads", None)
+    if not spans:  # nothing to read: a remote copy is not fetched for it
+        return []
     if many is not None:
         return many(spans)
     return [pread(b - a, a) for a, b in spans]
