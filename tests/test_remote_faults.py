@@ -84,6 +84,30 @@ def test_cache_limit_at_a_third_completes_a_pass_within_the_limit_with_the_same_
     assert len([f for f in os.listdir(local) if f.startswith("shard.")]) < len(ds.shards)  # ... and some evicted
 
 
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_every_shard_byte_on_disk_counts_against_the_limit_when_the_manifest_changes(s3, tmp_path, monkeypatch,
+                                                                                    compression):
+    # a copy renamed into place before the manifest owns it counts nowhere (neither a temporary copy nor an owned
+    # shard): eviction then makes too little room while it is so. Oracle: the bytes of shard files and their
+    # temporary copies in the folder, summed by the test, at each manifest change.
+    src = write_mds(tmp_path / "src", n=200, compression=compression, size_limit=2500)
+    url = s3.upload_dir(src, f"owned-{compression}")
+    local = tmp_path / "c"
+    ds = open_dataset(url, local=str(local), cache_limit=10**9, read_ahead=0, keep_zip=compression is not None)
+    seen = []
+    forget_all = zr.LocalCache.forget_all
+
+    def checked(cache, entries):
+        on_disk = sum(e.stat().st_size for e in os.scandir(local) if e.is_file()
+                      and e.name.startswith(("shard.", ".shard.", ".scratch.")))
+        seen.append((sorted(entries), cache.usage(), on_disk))
+        return forget_all(cache, entries)
+    monkeypatch.setattr(zr.LocalCache, "forget_all", checked)
+    assert [int(r["id"]) for r in every_record(ds)] == list(range(200))
+    assert len(seen) >= len(ds.shards) > 2
+    assert all(usage == on_disk for _, usage, on_disk in seen), seen
+
+
 def test_a_shard_larger_than_cache_limit_is_refused_by_name(s3, mds_dir, tmp_path):
     url = s3.upload_dir(mds_dir, "mds")
     ds = open_dataset(url, local=str(tmp_path / "c"), cache_limit=1000)

@@ -48,9 +48,6 @@ def carrier_indexes(chain_ops) -> set[int]:
     return out
 
 
-READ_AHEAD_CHUNKS = 2  # chunks past the current one whose shards are hinted to the datasets (read-ahead)
-
-
 class _Carried:
     """The unit that regenerates the records carried into a resumed span (released before anything else)."""
 
@@ -102,6 +99,8 @@ class LanePipeline:
         self.next_chunk, self.start_offset = divmod(first, self.cs)
         self._ahead: dict = {}   # chunk id -> pointers computed ahead for read-ahead hints
         self._hinted = 0         # chunks below this one were hinted
+        # chunks past the current one whose shards are hinted: the longest horizon any dataset asks for
+        self.horizon = max((getattr(d, "read_ahead_chunks", 0) for d in datasets), default=0)
         self.cur = None          # ChunkPointers being cut into units
         self.cur_offset = 0
         self.source_done = False
@@ -169,11 +168,11 @@ class LanePipeline:
             self.next_chunk += 1
 
     def _chunk_and_hint(self, runner, n: int | None):
-        """The pointers of chunk ``next_chunk``; first the shards of it and of the ``READ_AHEAD_CHUNKS`` after it
-        are hinted to the datasets (``WorkStage.hint``: read-ahead in the core's order). Chunks computed ahead
-        are kept until used, so each is computed once."""
+        """The pointers of chunk ``next_chunk``; first the shards of it and of the ``horizon`` chunks after it
+        (``Dataset.read_ahead_chunks``) are hinted to the datasets (``WorkStage.hint``: read-ahead in the core's
+        order). Chunks computed ahead are kept until used, so each is computed once."""
         stage = getattr(runner, "stage", None)
-        last = self.next_chunk + READ_AHEAD_CHUNKS if n is None else min(self.next_chunk + READ_AHEAD_CHUNKS, n - 1)
+        last = self.next_chunk + self.horizon if n is None else min(self.next_chunk + self.horizon, n - 1)
         for c in range(max(self.next_chunk, self._hinted), last + 1):
             if stage is None:
                 break

@@ -35,6 +35,9 @@ class ShardInfo:
     mtime_ns: int = 0
 
 
+LOCAL_HINT_CHUNKS = 2  # nothing to fetch for a local file: a short horizon keeps hints cheap
+
+
 class Dataset:
     """A list of shards with sample counts, read by ``(shard_id, sample indices)``.
 
@@ -106,6 +109,13 @@ class Dataset:
     def prefetch(self, shard_ids: Sequence[int]) -> None:
         """A hint: shards ``shard_ids`` (in the order the core will read them) are read soon. Remote
         datasets fetch them into their cache in the background; others ignore it. Never raises."""
+
+    @property
+    def read_ahead_chunks(self) -> int:
+        """How many chunks past its current one each lane hints to ``prefetch`` (the read-ahead horizon): a
+        remote dataset's ``read_ahead_chunks`` setting (``remote.readahead``), else ``LOCAL_HINT_CHUNKS``."""
+        ahead = getattr(getattr(self, "remote", None), "ahead", None)
+        return ahead.chunks if ahead is not None else LOCAL_HINT_CHUNKS
 
     def _check_unchanged(self, shard_id: int, info: ShardInfo) -> None:
         # One stat per read call: offsets and counts were computed from the file as it was when opened.

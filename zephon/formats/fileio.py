@@ -2,8 +2,9 @@
 
 ``PreadFile`` is a read-only file descriptor read with ``os.pread`` (no shared file position, so
 threads can share one reader); ``coalesce_runs`` groups the samples of one read call into as few
-reads as possible. ``atomic_write`` / ``atomic_writer`` replace a file so that readers (other threads,
-processes, ranks) see the old complete file or the new complete file, never a part.
+reads as possible, and ``pread_spans`` reads those runs (through one pin of a remote cached copy).
+``atomic_write`` / ``atomic_writer`` replace a file so that readers (other threads, processes, ranks) see the
+old complete file or the new complete file, never a part.
 """
 from __future__ import annotations
 
@@ -35,6 +36,20 @@ def coalesce_runs(ids: Sequence[int], offsets: np.ndarray, max_span: int = MAX_S
         yield a, prev
         a = prev = i
     yield a, prev
+
+
+def pread_spans(pread, spans: Sequence[tuple[int, int]]) -> list[bytes]:
+    """The bytes of each ``(start, end)`` byte span of ``pread`` (a ``pread(n, at)`` callable), in order.
+
+    pread: a reader; one with a ``preads(spans)`` method (a remote cached copy: one pin for all the spans, not
+    one per span) is asked once. spans: byte ranges, end exclusive. Returns fewer bytes for a span past the end.
+    """
+    many = getattr(pread, "preads", None)
+    if not spans:  # nothing to read: a remote copy is not fetched for it
+        return []
+    if many is not None:
+        return many(spans)
+    return [pread(b - a, a) for a, b in spans]
 
 
 class PreadFile:

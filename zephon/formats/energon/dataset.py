@@ -16,6 +16,7 @@ from ..base import BrokenShard, Dataset, ShardInfo
 from ..errors import DataError
 from ..fileio import PreadFile
 from ..remote import is_remote, local_path
+from ..remote.readahead import DEFAULT_CHUNKS
 from . import wds
 from .fields import split_field_access
 from .nvmeta import read_dataset_config, read_info, read_split, resolve_part_filter
@@ -159,7 +160,8 @@ def open_energon(source, *, split_part: str = "train", name: str | None = None, 
                  split_config: str = "split.yaml", dataset_config: str = "dataset.yaml", decode: bool | None = None,
                  image_decode: str | None = None, allow_unsafe_types: bool = False, part_filter="auto",
                  subset=None, columns=None, cache_dir=None, local: str | None = None, download_retry: int = 2,
-                 download_timeout: float = 60.0, cache_limit=None, read_ahead: int = 4) -> EnergonDataset:
+                 download_timeout: float = 60.0, cache_limit=None, read_ahead: int = 4,
+                 read_ahead_chunks: int = DEFAULT_CHUNKS) -> EnergonDataset:
     """Open split part ``split_part`` of an Energon-prepared WebDataset root.
 
     source: the dataset root (a directory holding ``.nv-meta/``). split_part: e.g. "train", "val".
@@ -179,7 +181,8 @@ def open_energon(source, *, split_part: str = "train", name: str | None = None, 
         (``energon.remote``, docs/remote.md): where ``.nv-meta/``, the ``.tar.idx`` files and tars up to
         ``energon.remote.WHOLE_TAR`` bytes are cached (larger tars are read by byte range), re-attempts and
         seconds per attempt of each request, cache bytes. read_ahead: downloads at once of the small tars the
-        core will read next (0: off).
+        core will read next (0: off); read_ahead_chunks: how many chunks past its current one each lane hints
+        (the horizon; default 16).
 
     Work at open time: reads .nv-meta, stats every tar and checks that its ``.tar.idx`` exists; for a
     shard with ``<shard>/<key>`` excludes, lists its keys (index.sqlite, else one header read per
@@ -198,7 +201,8 @@ def open_energon(source, *, split_part: str = "train", name: str | None = None, 
     if is_remote(source):
         remote = open_remote_root(os.fspath(source), local=local, cache_dir=cache_dir, download_retry=download_retry,
                                   download_timeout=download_timeout, cache_limit=cache_limit,
-                                  split_config=split_config, dataset_config=dataset_config, read_ahead=read_ahead)
+                                  split_config=split_config, dataset_config=dataset_config, read_ahead=read_ahead,
+                                  read_ahead_chunks=read_ahead_chunks)
         root = remote.root.local
     else:
         root = os.path.abspath(os.fspath(source))

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..errors import DataError, per_sample
-from ..fileio import coalesce_runs
+from ..fileio import coalesce_runs, pread_spans
 from . import wds
 from .fields import field_access
 from .tar_index import list_keys, parse_sample, read_tar_index
@@ -102,9 +102,9 @@ class TarShardReader:
         raw_of = {i: meta.raw_index(i) for i in set(indices)}
         wanted = sorted(set(raw_of.values()))
         decoded: dict[int, Any] = {}
-        for a, b in coalesce_runs(wanted, self.off):
-            lo, hi = int(self.off[a]), int(self.off[b + 1])
-            buf = self.pread(hi - lo, lo)
+        runs = list(coalesce_runs(wanted, self.off))
+        spans = [(int(self.off[a]), int(self.off[b + 1])) for a, b in runs]
+        for (a, b), (lo, _), buf in zip(runs, spans, pread_spans(self.pread, spans)):  # one pin for all runs
             for r in range(a, b + 1):  # runs hold wanted ids only
                 s, e = int(self.off[r]) - lo, int(self.off[r + 1]) - lo
                 decoded[r] = (buf[s:e], len(buf) >= e)

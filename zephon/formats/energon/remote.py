@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..errors import DataError
 from ..remote import RemoteRoot, relative
-from ..remote.readahead import ReadAhead, has_room
+from ..remote.readahead import DEFAULT_CHUNKS, ReadAhead, has_room
 from .nvmeta import INDEX_SQLITE, INFO_JSON, INFO_YAML, MAIN_FOLDER
 from .tar_index import itar_path
 
@@ -21,11 +21,12 @@ WHOLE_TAR = 256 << 20   # bytes: tars up to this size are cached whole
 
 class RemoteTars:
     """Where an ``EnergonDataset`` at a URL reads from: its ``RemoteRoot`` and ``sizes`` (path below the root
-    -> bytes, from one listing). Picklable."""
+    -> bytes, from one listing); ``read_ahead`` / ``read_ahead_chunks``: the ``ReadAhead`` settings. Picklable."""
 
-    def __init__(self, root: RemoteRoot, sizes: dict[str, int], read_ahead: int = 4):
+    def __init__(self, root: RemoteRoot, sizes: dict[str, int], read_ahead: int = 4,
+                 read_ahead_chunks: int = DEFAULT_CHUNKS):
         self.root, self.sizes = root, sizes
-        self.ahead = ReadAhead(read_ahead)
+        self.ahead = ReadAhead(read_ahead, read_ahead_chunks)
 
     def whole(self, name: str) -> bool:
         """Whether tar ``name`` is cached whole: at most ``WHOLE_TAR`` bytes and a quarter of ``cache_limit``."""
@@ -60,7 +61,8 @@ class RemoteTars:
 
 
 def open_remote_root(url: str, *, local, cache_dir, download_retry, download_timeout, cache_limit,
-                     split_config: str, dataset_config: str, read_ahead: int = 4) -> RemoteTars:
+                     split_config: str, dataset_config: str, read_ahead: int = 4,
+                     read_ahead_chunks: int = DEFAULT_CHUNKS) -> RemoteTars:
     """List the dataset at ``url`` and fetch its ``.nv-meta/`` files into the cache (``RemoteTars.root.local``
     then holds them where the local reader looks). Raises DataError when there is no ``.nv-meta/`` there,
     RemoteError naming the URL when the store cannot be read."""
@@ -75,4 +77,4 @@ def open_remote_root(url: str, *, local, cache_dir, download_retry, download_tim
     for k in meta:
         if k.split("/", 1)[1] in wanted:
             root.metadata(k)
-    return RemoteTars(root, sizes, read_ahead)
+    return RemoteTars(root, sizes, read_ahead, read_ahead_chunks)

@@ -17,6 +17,7 @@ from .index import FORMAT, ShardMeta, data_file, find_index, parse_index
 from ..remote import is_remote, local_path
 from .integrity import hasher
 from .reader import MdsReader
+from ..remote.readahead import DEFAULT_CHUNKS
 from .remote import RemoteShards, open_remote_index, remote_shard_info
 
 
@@ -88,7 +89,8 @@ def open_mds(source, *, name: str | None = None, columns: Sequence[str] | None =
              cache_dir: str | None = None, on_error: str = "raise", split: str | None = None,
              allow_unsafe_types: bool = False, validate_hash: str | None = None, local: str | None = None,
              download_retry: int = 2, download_timeout: float = 60.0, keep_zip: bool = False, cache_limit=None,
-             predownload: int | None = None, read_ahead: int = 4) -> MdsDataset:
+             predownload: int | None = None, read_ahead: int = 4,
+             read_ahead_chunks: int = DEFAULT_CHUNKS) -> MdsDataset:
     """Open an MDS dataset written by ``streaming.MDSWriter`` (layout: ``index`` and ``reader`` modules).
 
     source: the dataset directory (holding ``index.json``), a root with split directories (then pass
@@ -110,7 +112,8 @@ def open_mds(source, *, name: str | None = None, columns: Sequence[str] | None =
         may hold (least recently used shards not being read are evicted), and samples' worth of shards a
         background thread downloads ahead in index order (None or 0: only on demand). Local sources ignore them.
     read_ahead: at a URL, downloads at once of the shards the core will read next (``Dataset.prefetch``, in
-        the core's order; ``remote.readahead``); 0 turns read-ahead off.
+        the core's order; ``remote.readahead``); 0 turns read-ahead off. read_ahead_chunks: how many chunks
+        past its current one each lane hints (the horizon; default 16).
 
     Raises DataError (always, whatever on_error): no index.json (naming the splits when the root has
     some), a bad index.json, an unknown encoding or compression, a refused ``pkl`` column, a requested
@@ -133,7 +136,8 @@ def open_mds(source, *, name: str | None = None, columns: Sequence[str] | None =
         if name is None:
             name = os.path.basename(os.fspath(source).rstrip("/")) + (f"/{split}" if split is not None else "")
         ds = MdsDataset(name, shards, metas, columns=columns, on_error=on_error, cache_dir=cache_dir, split=split,
-                        validate_hash=validate_hash, remote=RemoteShards(root, keep_zip, validate_hash, read_ahead))
+                        validate_hash=validate_hash, remote=RemoteShards(root, keep_zip, validate_hash, read_ahead,
+                                                            read_ahead_chunks))
         ds.predownload = predownload
         return ds
     index_path = find_index(source, split)

@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import DataError, per_sample
-from ..fileio import PreadFile, coalesce_runs
+from ..fileio import PreadFile, coalesce_runs, pread_spans
 from .decompress import decompress_shard
 from .encodings import column_codec
 from .index import FORMAT, ShardMeta
@@ -148,9 +148,11 @@ class MdsReader:
         raw: dict[int, bytes] = {}
         bad: dict[int, DataError] = {i: self._unreadable(i) for i in wanted if not ok[i]}
         good = [i for i in wanted if ok[i]]
-        for a, b in coalesce_runs(good, off):
-            lo, hi = int(off[a]), int(off[b + 1])
-            buf = self._pread(hi - lo, lo)
+        runs = list(coalesce_runs(good, off))
+        spans = [(int(off[a]), int(off[b + 1])) for a, b in runs]
+        # one call for all runs: a remote cached copy is then located and pinned once per read, not once per run
+        bufs = [self._mem[lo:hi] for lo, hi in spans] if self._mem is not None else pread_spans(self._file, spans)
+        for (a, b), (lo, hi), buf in zip(runs, spans, bufs):
             if len(buf) != hi - lo:
                 for i in range(a, b + 1):
                     bad[i] = DataError("shard is shorter than its header says (changed since opened?)",

@@ -19,7 +19,7 @@ from ..base import ShardInfo
 from ..codecs import iter_blocks, mds_codec
 from ..errors import DataError
 from ..remote import AccessDenied, ObjectMissing, RemoteRoot, check_digest, hashing_writer, join
-from ..remote.readahead import ReadAhead, has_room
+from ..remote.readahead import DEFAULT_CHUNKS, ReadAhead, has_room
 from ..remote.root import unchanged
 from .index import FORMAT, INDEX_BASENAME, ShardMeta, parse_index
 from .integrity import hasher
@@ -27,11 +27,12 @@ from .integrity import hasher
 
 class RemoteShards:
     """How an ``MdsDataset`` at a URL gets its shards: the ``RemoteRoot`` of its split, ``keep_zip`` and
-    ``validate_hash``. Picklable."""
+    ``validate_hash``; ``read_ahead`` / ``read_ahead_chunks``: the ``ReadAhead`` settings. Picklable."""
 
-    def __init__(self, root: RemoteRoot, keep_zip: bool, validate_hash: str | None, read_ahead: int = 4):
+    def __init__(self, root: RemoteRoot, keep_zip: bool, validate_hash: str | None, read_ahead: int = 4,
+                 read_ahead_chunks: int = DEFAULT_CHUNKS):
         self.root, self.keep_zip, self.validate_hash = root, bool(keep_zip), validate_hash
-        self.ahead = ReadAhead(read_ahead)
+        self.ahead = ReadAhead(read_ahead, read_ahead_chunks)
 
     def prefetch(self, metas, shards) -> None:
         """Fetch shards ``shards`` (indexes into ``metas``, in the order they will be read) in the background
@@ -116,11 +117,12 @@ class RemoteShards:
                 zf.flush()
                 check_digest(w.h, zexpected, zip_url, shard, "the downloaded compressed shard")
                 self._decompress(meta, zf.name, rf, zip_url, shard)
+                # owned before they appear (``RemoteRoot.ensure``): counted against cache_limit all along
+                etag = got.etag or want["etag"]
+                cache.forget_all({raw: dict(want, etag=etag), **({meta.zip.basename: root.identity(
+                    meta.zip.basename, meta.zip.bytes, etag, meta.zip.hashes)} if self.keep_zip else {})})
                 if self.keep_zip:  # the complete compressed copy, renamed into place whole
                     os.replace(zf.name, cache.path(meta.zip.basename))
-            etag = got.etag or want["etag"]
-            cache.forget_all({raw: dict(want, etag=etag), **({meta.zip.basename: root.identity(
-                meta.zip.basename, meta.zip.bytes, etag, meta.zip.hashes)} if self.keep_zip else {})})
         return cache.path(raw)
 
     def _decompress(self, meta: ShardMeta, src: str, out, zip_url: str, shard: int) -> None:

@@ -33,23 +33,29 @@ class CachedFile:
 
     def __call__(self, n: int, at: int) -> bytes:
         """Up to ``n`` bytes at offset ``at``."""
-        for _ in range(_MAX_REFETCH):
-            path = self.ensure()
-            with pinned(path) as fd:
-                if fd is not None:
-                    return os.pread(fd, n, at)
-        from .errors import RemoteError
-        raise RemoteError(self.url, f"the cached copy was evicted {_MAX_REFETCH} times before it could be read: "
-                                    f"cache_limit is too small for the shards read at once")
+        return self.preads([(at, at + n)])[0]
+
+    def preads(self, spans) -> list[bytes]:
+        """The bytes of each ``(start, end)`` span, read under one pin (``fileio.pread_spans``): a reader that
+        wants many samples of the shard checks and pins the copy once, not once per sample."""
+        with self._pinned() as (_, fd):
+            return [os.pread(fd, b - a, a) for a, b in spans]
 
     @contextlib.contextmanager
     def local(self) -> Iterator[str]:
         """The cached copy's path, present and pinned (not evicted) while the block runs."""
+        with self._pinned() as (path, _):
+            yield path
+
+    @contextlib.contextmanager
+    def _pinned(self) -> Iterator[tuple[str, int]]:
+        """``(path, descriptor)`` of the copy, present and pinned while the block runs (fetched again when it
+        was evicted before it could be pinned). Raises RemoteError after ``_MAX_REFETCH`` evictions in a row."""
         for _ in range(_MAX_REFETCH):
             path = self.ensure()
             with pinned(path) as fd:
                 if fd is not None:
-                    yield path
+                    yield path, fd
                     return
         from .errors import RemoteError
         raise RemoteError(self.url, f"the cached copy was evicted {_MAX_REFETCH} times before it could be read: "

@@ -1,8 +1,9 @@
 """Read-ahead: objects the core will read soon, fetched into the cache in the background, a few at a time.
 
 The engine tells a dataset which shards its next chunks read (``Dataset.prefetch``, in the core's sample
-order); a remote dataset hands each to a ``ReadAhead``: at most ``parallel`` downloads run at once, in the
-order hinted, each object once at a time per process. A job never evicts (it skips an object that would need
+order, ``Dataset.read_ahead_chunks`` chunks ahead of each lane); a remote dataset hands each to a
+``ReadAhead``: at most ``parallel`` downloads run at once, in the order hinted, each object once at a time
+per process. A job never evicts (it skips an object that would need
 room under ``cache_limit``) and never raises: the read that needs the object reports any error itself. What
 is read ahead changes speed only, never what is read. See docs/remote.md ("Read-ahead").
 """
@@ -16,23 +17,27 @@ from typing import Callable, Hashable
 from .cache import no_eviction
 
 DEFAULT_PARALLEL = 4
+DEFAULT_CHUNKS = 16  # the horizon: at 2 chunks a lane reached a shard before its download (~1 round trip) ended
 
 
 class ReadAhead:
-    """A per-process background downloader. parallel: downloads at once (0: read-ahead off). Picklable
-    (the pool is made again in each process)."""
+    """A per-process background downloader. parallel: downloads at once (0: read-ahead off). chunks: the
+    horizon, chunks past a lane's current one whose shards are hinted (``Dataset.read_ahead_chunks``).
+    Picklable (the pool is made again in each process). Raises ValueError for a negative or non-int setting."""
 
-    def __init__(self, parallel: int = DEFAULT_PARALLEL):
-        if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 0:
-            raise ValueError(f"read_ahead must be an int >= 0 (parallel downloads), got {parallel!r}")
-        self.parallel = parallel
+    def __init__(self, parallel: int = DEFAULT_PARALLEL, chunks: int = DEFAULT_CHUNKS):
+        for name, v, what in (("read_ahead", parallel, "parallel downloads"),
+                              ("read_ahead_chunks", chunks, "chunks hinted ahead of each lane")):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an int >= 0 ({what}), got {v!r}")
+        self.parallel, self.chunks = parallel, chunks
         self._pid, self._pool, self._queued, self._lock = None, None, set(), threading.Lock()
 
     def __getstate__(self):
-        return {"parallel": self.parallel}
+        return {"parallel": self.parallel, "chunks": self.chunks}
 
     def __setstate__(self, state):
-        self.__init__(state["parallel"])
+        self.__init__(state["parallel"], state.get("chunks", DEFAULT_CHUNKS))
 
     def submit(self, key: Hashable, job: Callable[[], object]) -> None:
         """Run ``job()`` in the background unless ``key`` is queued or running already."""

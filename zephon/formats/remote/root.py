@@ -161,9 +161,11 @@ class RemoteRoot:
                     got = self.fetcher.download(want["url"], w, size)
                     unchanged(want, got.etag)
                     check_digest(w.h, expected, want["url"], shard, "the downloaded shard")
+                    # owned before it appears: a copy renamed into place but not yet in the manifest would
+                    # count against cache_limit nowhere (neither a temporary copy nor an owned file)
+                    self.cache.record(rel, dict(want, etag=got.etag or want["etag"]))
                 if mtime_ns is not None:
                     os.utime(path, ns=(time.time_ns(), mtime_ns))
-                self.cache.record(rel, dict(want, etag=got.etag or want["etag"]))
         return path
 
     def cached(self, rel: str, size: int, **check) -> CachedFile:
