@@ -203,21 +203,3 @@ def open_files(source, *, format: str | None = None, name: str | None = None,
     for shard_id, (_, reader) in enumerate(results[:MAX_OPEN_READERS]):
         ds._remember(shard_id, reader)
     return ds
-
-
-def open_jsonl(source, *, name: str | None = None, columns: Sequence[str] | None = None,
-               cache_dir: str | None = None, on_error: str = "raise", local: str | None = None,
-               download_retry: int = 2, download_timeout: float = 60.0, cache_limit=None) -> FileDataset:
-    """``open_files(source, format="jsonl", ...)``: every file of ``source`` read as JSON Lines."""
-    return open_files(source, format="jsonl", name=name, columns=columns, cache_dir=cache_dir, on_error=on_error,
-                      local=local, download_retry=download_retry, download_timeout=download_timeout,
-                      cache_limit=cache_limit)
-
-
-def open_parquet(source, *, name: str | None = None, columns: Sequence[str] | None = None,
-                 cache_dir: str | None = None, on_error: str = "raise", local: str | None = None,
-                 download_retry: int = 2, download_timeout: float = 60.0, cache_limit=None) -> FileDataset:
-    """``open_files(source, format="parquet", ...)``: every file of ``source`` read as Parquet."""
-    return open_files(source, format="parquet", name=name, columns=columns, cache_dir=cache_dir, on_error=on_error,
-                      local=local, download_retry=download_retry, download_timeout=download_timeout,
-                      cache_limit=cache_limit)

@@ -9,6 +9,8 @@ format ``name``, ``columns``, ``cache_dir`` and ``on_error``. Every format reads
 """
 from __future__ import annotations
 
+import functools
+
 import inspect
 import os
 from typing import Callable, NamedTuple
@@ -16,7 +18,7 @@ from typing import Callable, NamedTuple
 from . import energon, mds
 from .base import Dataset
 from .discovery import format_of
-from .files import open_files, open_jsonl, open_parquet
+from .files import open_files
 from .remote import detection_fetcher, is_remote
 
 COMMON_KEYWORDS = ("name", "columns", "cache_dir", "on_error")
@@ -39,8 +41,8 @@ class Format(NamedTuple):
 FORMATS: dict[str, Format] = {
     "energon": Format(energon.is_energon_source, energon.open_energon, "Energon"),
     "mds": Format(mds.is_mds_source, mds.open_mds, "MDS"),
-    "jsonl": Format(None, open_jsonl, "JSONL"),
-    "parquet": Format(None, open_parquet, "Parquet"),
+    "jsonl": Format(None, functools.partial(open_files, format="jsonl"), "JSONL"),  # every file as JSON Lines
+    "parquet": Format(None, functools.partial(open_files, format="parquet"), "Parquet"),
 }
 
 

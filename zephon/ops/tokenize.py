@@ -69,6 +69,23 @@ class ByteTokenizer:
         return hash(ByteTokenizer)
 
 
+def token_id(tokenizer, tok) -> int | None:
+    """The id of special token ``tok`` in ``tokenizer``: a token string, an id (checked), or None (none).
+
+    Raises ``ValueError`` for an id outside the vocabulary or a string that is not in it."""
+    if tok is None:
+        return tok
+    if isinstance(tok, int):
+        if not 0 <= tok < tokenizer.get_vocab_size(with_added_tokens=True):
+            raise ValueError(f"token id {tok} is outside the tokenizer's vocabulary "
+                             f"(size {tokenizer.get_vocab_size(with_added_tokens=True)})")
+        return tok
+    tid = tokenizer.token_to_id(tok)
+    if tid is None:
+        raise ValueError(f"token {tok!r} is not in the tokenizer's vocabulary; pass its id or None")
+    return tid
+
+
 def load_tokenizer(tokenizer):
     """A tokenizer from a ``tokenizers.Tokenizer``, a path to a ``tokenizer.json`` file, its JSON text, or
     ``"bytes"`` / a ``ByteTokenizer`` (the byte-level fallback, no dependency).
@@ -134,17 +151,7 @@ class Tokenize(Operator):
         self._encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
 
     def _token_id(self, tok):
-        if tok is None:
-            return tok
-        if isinstance(tok, int):
-            if not 0 <= tok < self.tokenizer.get_vocab_size(with_added_tokens=True):
-                raise ValueError(f"token id {tok} is outside the tokenizer's vocabulary "
-                                 f"(size {self.tokenizer.get_vocab_size(with_added_tokens=True)})")
-            return tok
-        tid = self.tokenizer.token_to_id(tok)
-        if tid is None:
-            raise ValueError(f"token {tok!r} is not in the tokenizer's vocabulary")
-        return tid
+        return token_id(self.tokenizer, tok)
 
     def fingerprint(self) -> dict:
         return {"op": self.name, "tokenizer_sha256": self._digest, "field": self.field, "bos_id": self.bos_id,

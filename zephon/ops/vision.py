@@ -17,7 +17,7 @@ import threading
 import numpy as np
 
 from .base import Operator, RecordError, field_value
-from .tokenize import load_tokenizer
+from .tokenize import load_tokenizer, token_id
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -239,16 +239,8 @@ class CaptionTokens(Operator):
             raise ValueError(f"max_length must be >= 1, got {max_length}")
         self.tokenizer = load_tokenizer(tokenizer)
         self.field, self.max_length, self.pad_id, self.keep_caption = field, int(max_length), int(pad_id), keep_caption
-        self.bos_id, self.eos_id = self._id(bos), self._id(eos)
+        self.bos_id, self.eos_id = token_id(self.tokenizer, bos), token_id(self.tokenizer, eos)
         self._digest = hashlib.sha256(self.tokenizer.to_str().encode()).hexdigest()[:16]
-
-    def _id(self, tok):
-        if tok is None or isinstance(tok, int):
-            return tok
-        tid = self.tokenizer.token_to_id(tok)
-        if tid is None:
-            raise ValueError(f"token {tok!r} is not in the tokenizer's vocabulary; pass its id or None")
-        return tid
 
     def fingerprint(self) -> dict:
         return {"op": self.name, "tokenizer_sha256": self._digest, "field": self.field, "max_length": self.max_length,
