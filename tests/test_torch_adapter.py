@@ -81,6 +81,41 @@ def test_mid_step_checkpoint_resumes_exactly(dirs, tokenizer_path, reference):
     assert step_digests(before + after) == reference
 
 
+def _rows_through(dl, steps: int, have=()) -> list:
+    """Rows of ``dl``'s lane micro-batches (torchdata's own loader: one item per lane micro-batch) until every
+    step below ``steps`` is complete (``2 * R`` rows each), counting the rows in ``have``."""
+    rows, need = [], steps * 2 * R
+    done = sum(1 for r in have if r[0] < steps)
+    for b in dl:
+        got = rows_of(b)
+        rows.extend(got)
+        done += sum(1 for r in got if r[0] < steps)
+        if done >= need:
+            break
+    return rows
+
+
+@pytest.mark.contract("torch.stateful")
+@pytest.mark.parametrize("num_workers", [2, 3])
+def test_torchdata_stateful_dataloader_resumes_at_the_same_worker_count(dirs, tokenizer_path, reference,
+                                                                        num_workers):
+    """torchdata's own StatefulDataLoader restores each worker from its own state (its per-worker protocol):
+    a worker's state holds only its lanes, and the resumed run equals the uninterrupted reference."""
+    from torchdata.stateful_dataloader import StatefulDataLoader as TDL
+
+    dl = TDL(make_dataset(dirs, tokenizer_path, dp=1, rank=0), batch_size=None, num_workers=num_workers)
+    before = []
+    for i, b in enumerate(dl):
+        before.extend(rows_of(b))
+        if i == 5:
+            break
+    state = dl.state_dict()
+    dl2 = TDL(make_dataset(dirs, tokenizer_path, dp=1, rank=0), batch_size=None, num_workers=num_workers)
+    dl2.load_state_dict(state)
+    rows = before + _rows_through(dl2, STEPS, before)
+    assert step_digests([r for r in rows if r[0] < STEPS]) == reference
+
+
 @pytest.mark.contract("torch.dataloader")
 def test_new_iter_continues_where_consumption_stopped(dirs, tokenizer_path, reference):
     dl = zephon_torch.DataLoader(make_dataset(dirs, tokenizer_path, dp=1, rank=0), num_workers=2)

@@ -49,11 +49,15 @@ def small_corpus(corpus: dict, root, docs: int = 120) -> list[str]:
 
 
 def rows_of(batch) -> list[tuple[int, int, bytes]]:
-    """``(step, lane, row bytes in the core's dtypes)`` for each row of a local micro-batch."""
+    """``(step, lane, row bytes in the core's dtypes)`` for each row of a local micro-batch (``__lane__`` per
+    row), or of one lane's micro-batch (``__lane__`` a number: the dataset's own items under a plain loader)."""
     out = []
-    for i in range(len(batch["__lane__"])):
+    lane = batch["__lane__"]
+    n = len(batch["input_ids"])
+    lanes = [int(lane)] * n if getattr(lane, "ndim", 0) == 0 and not isinstance(lane, list) else lane
+    for i in range(n):
         raw = b"".join(batch[f][i].numpy().astype(t).tobytes() for f, t in FIELD_DTYPES.items())
-        out.append((int(batch["__step__"]), int(batch["__lane__"][i]), raw))
+        out.append((int(batch["__step__"]), int(lanes[i]), raw))
     return out
 
 

@@ -106,6 +106,8 @@ class ZephonIterableDataset(IterableDataset):
 
     def load_state_dict(self, state: dict) -> None:
         """Start the next iteration from ``state`` (a rank's or merged global checkpoint; validated
-        now: ``CheckpointError`` says what differs or which lanes are missing)."""
-        self.session.load(state)
+        now: ``CheckpointError`` says what differs or which lanes are missing). Inside a DataLoader worker
+        (torchdata's per-worker protocol) ``state`` is that worker's own and needs only its lanes."""
+        info = get_worker_info()
+        self.session.load(state, worker=None if info is None else (info.num_workers, info.id))
         self._live = None

@@ -271,13 +271,19 @@ class RankSession:
             return self.global_state()
         return self.rank_state()
 
-    def load(self, state) -> None:
+    def load(self, state, worker: tuple[int, int] | None = None) -> None:
         """Continue from ``state``: a rank's or merged checkpoint, a list of rank checkpoints (merged here;
         they must hold this rank's lanes), or None (the start). Validated now: ``CheckpointError`` says what
-        differs or which lanes are missing."""
+        differs or which lanes are missing.
+
+        worker: ``(num_workers, worker_id)`` when a host restores each worker process from that worker's own
+        state (torchdata's per-worker protocol): only the worker's lanes (``worker_lanes``) must be there, and
+        only they are restored (that process iterates nothing else)."""
         state = self.initial_state() if state is None else ckpt.merge_rank_states(state)
-        by_lane = self.plan.validate(state, self.plan.rank_lanes)
-        self._start = self.plan.make_state([by_lane[lane] for lane in self.plan.rank_lanes])
+        lanes = self.plan.rank_lanes if worker is None or worker[0] == 0 else \
+            worker_lanes(self.plan.rank_lanes, *worker)
+        by_lane = self.plan.validate(state, lanes)
+        self._start = self.plan.make_state([by_lane[lane] for lane in lanes])
         self.progress.reset(self._start)
         self.dropped_rows = 0
         self._template = None
