@@ -274,3 +274,25 @@ def test_inspect_at_s3_every_format_and_a_truncated_object(s3, mds_dir, energon_
     assert rc == 1
     assert f"{url}/{shards[-1]['raw_data']['basename']}" in err and f"1 of {len(shards)}" in err
     assert out.count("  OK") == len(shards) - 1
+
+
+def test_every_file_that_does_not_open_is_named_and_exits_1(mds_dir, tmp_path, capsys):
+    """A dataset whose files do not open (truncated Parquet footers, an empty JSONL beside good files, an MDS
+    shard listed in index.json but missing) is a bad dataset: exit 1, every bad file named, not only the first."""
+    d = tmp_path / "multi"
+    d.mkdir()
+    for name in ("a", "b", "c"):
+        _parquet(d / f"{name}.parquet", n=5, rg=1)
+    for name in ("b", "c"):  # the footer's last 100 bytes cut off
+        p = d / f"{name}.parquet"
+        p.write_bytes(p.read_bytes()[:-100])
+    rc, _, err = _inspect(capsys, str(d))
+    assert rc == 1, err
+    assert "b.parquet" in err and "c.parquet" in err and "a.parquet" not in err
+    assert "2 of the dataset's files do not open" in err
+    m = tmp_path / "mds_missing"
+    shutil.copytree(mds_dir, m)
+    shard = sorted(f for f in os.listdir(m) if f.endswith(".mds"))[-1]
+    os.remove(m / shard)
+    rc, _, err = _inspect(capsys, str(m))
+    assert rc == 1 and shard in err and "missing" in err, err

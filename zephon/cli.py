@@ -241,15 +241,21 @@ def cmd_verify(args) -> int:
 def cmd_inspect(args) -> int:
     """List shards, counts and columns, checking every shard against its index (``formats.check``); with
     ``--deep`` read every sample. Exit 1 when a shard is bad, naming each with what was expected and found."""
-    from .cli_formats import open_keywords
-    from .formats import DamagedIndexError, open_dataset
+    from .cli_formats import open_keywords, unopenable
+    from .formats import DamagedIndexError, DataError, open_dataset
     from .formats.check import check_shard, summary
 
     _, kw = open_keywords(args, args.path)
     try:
         ds = open_dataset(args.path, **kw)
-    except DamagedIndexError as e:  # the dataset's own index is bad: a bad dataset (1), not a bad argument (2)
-        print(f"zephon inspect: {e}", file=sys.stderr)
+    except DataError as e:  # the data is bad (1), not an argument (2): name every file that does not open
+        bad = [str(e)] if isinstance(e, DamagedIndexError) else unopenable(args.path, kw, e)
+        if bad is None:
+            raise
+        for line in bad:
+            print(f"zephon inspect: {line}", file=sys.stderr)
+        verb = "does" if len(bad) == 1 else "do"
+        print(f"zephon inspect: {len(bad)} of the dataset's files {verb} not open", file=sys.stderr)
         return 1
     total = ds.num_samples if args.deep else len(ds.shards)
     with tqdm(total=total, desc="inspect --deep (samples)" if args.deep else "inspect (shards)", file=sys.stderr,

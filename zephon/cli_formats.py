@@ -86,3 +86,28 @@ def open_keywords(args, source: str, index: int = 0) -> tuple[str | None, dict]:
     if getattr(args, "allow_unsafe_types", False):
         kw["allow_unsafe_types"] = True
     return fmt, kw
+
+
+def unopenable(source: str, kw: dict, err) -> list[str] | None:
+    """``zephon inspect`` on a dataset that does not open: one line per bad file, or None when ``err`` is not
+    about the data (a path that does not exist, a bad flag: a usage error).
+
+    source, kw: what ``open_dataset`` was given. err: its ``DataError``. A local JSONL / Parquet dataset's files
+    are then opened one at a time, so every bad file is named, not only the first; other datasets (MDS,
+    Energon, object storage) are one index, named by ``err``."""
+    from .formats import DataError, open_dataset
+    from .formats.discovery import expand_source
+
+    if err.shard is None:
+        return None  # not about a shard of the dataset (a missing path, nothing to read, a split it lacks)
+    try:
+        files = expand_source(source, kw.get("format")) if kw.get("format") in (None, "jsonl", "parquet") else []
+    except (DataError, OSError):
+        files = []
+    bad = []
+    for path, fmt in files:
+        try:
+            open_dataset(path, **dict(kw, format=fmt))
+        except DataError as e:
+            bad.append(f"{e.path or path}: {e.reason}")
+    return bad or [str(err)]
