@@ -2,7 +2,7 @@
 
 The format-independent part: ``ShardInfo``, ``Dataset`` (reader cache, change detection, fingerprint) and
 ``BrokenShard``. Each format subclasses ``Dataset`` to say how a shard's reader is built
-(``files.FileDataset`` for JSONL/Parquet, ``mds.MdsDataset``, ``energon.EnergonDataset``); this module
+(``files.FileDataset`` for JSONL/Parquet, ``mds.MdsDataset``, ``energon.PreparedWebdataset``); this module
 imports none of them (``registry`` maps format names to their openers).
 """
 from __future__ import annotations

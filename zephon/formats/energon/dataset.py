@@ -1,4 +1,4 @@
-"""Opening one split part of an Energon-prepared WebDataset root: ``open_energon`` -> ``EnergonDataset``.
+"""Opening one split part of an Energon-prepared WebDataset root: ``open_energon`` -> ``PreparedWebdataset``.
 
 One shard per tar of the split (in split.yaml order; a shard listed twice appears twice), each with the
 samples of the tar minus the excluded keys, optionally restricted to a metadataset ``subset``. Samples are
@@ -28,7 +28,7 @@ from .tar_index import itar_path, list_keys, read_tar_index
 FORMAT = "energon"
 
 
-class EnergonDataset(Dataset):
+class PreparedWebdataset(Dataset):
     """A ``Dataset`` over one split part of an Energon-prepared WebDataset (see the module docstring).
 
     Attributes: ``root`` (absolute dataset root), ``split_part``, ``metas`` (per shard: name, raw count,
@@ -54,7 +54,7 @@ class EnergonDataset(Dataset):
         self._fields = ({k: (v, split_field_access(v)) for k, v in fm.items()} if fm and decode else None)
 
     def __repr__(self):
-        return (f"EnergonDataset(name={self.name!r}, split_part={self.split_part!r}, shards={len(self.shards)}, "
+        return (f"PreparedWebdataset(name={self.name!r}, split_part={self.split_part!r}, shards={len(self.shards)}, "
                 f"num_samples={self.num_samples}, excluded={self.n_excluded}, on_error={self.on_error!r})")
 
     def prefetch(self, shard_ids) -> None:
@@ -103,7 +103,7 @@ class EnergonDataset(Dataset):
             raise r.error
         return r.keys[self.metas[shard_id].raw_index(index)]
 
-    def with_subset(self, subset) -> "EnergonDataset":
+    def with_subset(self, subset) -> "PreparedWebdataset":
         """This split restricted to a metadataset leaf's ``subset``, as Energon's sharder applies it.
 
         subset: None (returns ``self``), a merged subset as ``load_metadataset`` gives per leaf, or a YAML
@@ -142,10 +142,10 @@ class EnergonDataset(Dataset):
         if not metas:
             raise DataError(f"split part {self.split_part!r}: subset [{start}, {end}) of {total} samples leaves no "
                             f"samples (after excludes)", path=self.root)
-        ds = EnergonDataset(self.name, shards, metas, root=self.root, split_part=self.split_part, energon=self.energon,
-                            on_error=self.on_error, decode=self.decode, image_decode=self.image_decode,
-                            allow_unsafe_types=self.allow_unsafe_types, part_filter=self.part_filter,
-                            n_excluded=self.n_excluded, remote=self.remote)
+        ds = PreparedWebdataset(self.name, shards, metas, root=self.root, split_part=self.split_part,
+                                energon=self.energon, on_error=self.on_error, decode=self.decode,
+                                image_decode=self.image_decode, allow_unsafe_types=self.allow_unsafe_types,
+                                part_filter=self.part_filter, n_excluded=self.n_excluded, remote=self.remote)
         ds.subset = {"bounds": (start, end), **subset}
         return ds
 
@@ -161,7 +161,7 @@ def open_energon(source, *, split_part: str = "train", name: str | None = None, 
                  image_decode: str | None = None, allow_unsafe_types: bool = False, part_filter="auto",
                  subset=None, columns=None, cache_dir=None, local: str | None = None, download_retry: int = 2,
                  download_timeout: float = 60.0, cache_limit=None, read_ahead: int = 4,
-                 read_ahead_chunks: int = DEFAULT_CHUNKS) -> EnergonDataset:
+                 read_ahead_chunks: int = DEFAULT_CHUNKS) -> PreparedWebdataset:
     """Open split part ``split_part`` of an Energon-prepared WebDataset root.
 
     source: the dataset root (a directory holding ``.nv-meta/``). split_part: e.g. "train", "val".
@@ -175,7 +175,7 @@ def open_energon(source, *, split_part: str = "train", name: str | None = None, 
     part_filter: ``"auto"`` (Energon's: the parts a field_map uses, or the crude ``part_filter`` list; all
     parts otherwise), None (all parts) or a list of part names.
     subset: a metadataset leaf's subset (``load_metadataset(...)[i]["subset"]``) or a YAML entry
-    ``{"range": ["10%", "60%"]}`` / ``{"range": [100, "end"]}``; see ``EnergonDataset.with_subset``.
+    ``{"range": ["10%", "60%"]}`` / ``{"range": [100, "end"]}``; see ``PreparedWebdataset.with_subset``.
     columns / cache_dir: accepted for ``open_dataset``'s signature; columns must be None.
     local, download_retry, download_timeout, cache_limit: for a root at an ``s3://`` / ``msc://`` URL
         (``energon.remote``, docs/remote.md): where ``.nv-meta/``, the ``.tar.idx`` files and tars up to
@@ -228,10 +228,11 @@ def open_energon(source, *, split_part: str = "train", name: str | None = None, 
                                   remote)
     if name is None:
         name = os.path.basename(remote.root.url if remote else root) + f"/{split_part}"
-    ds = EnergonDataset(name, shards, metas, root=root, split_part=split_part, energon=energon, on_error=on_error,
-                        decode=decode, image_decode=image_decode, allow_unsafe_types=allow_unsafe_types,
-                        part_filter=resolve_part_filter(energon, part_filter),
-                        n_excluded=sum(m.raw_count - m.num_samples for m in metas), remote=remote)
+    ds = PreparedWebdataset(name, shards, metas, root=root, split_part=split_part, energon=energon,
+                            on_error=on_error, decode=decode, image_decode=image_decode,
+                            allow_unsafe_types=allow_unsafe_types,
+                            part_filter=resolve_part_filter(energon, part_filter),
+                            n_excluded=sum(m.raw_count - m.num_samples for m in metas), remote=remote)
     return ds.with_subset(subset)
 
 

@@ -59,7 +59,7 @@ class ShardMeta:
 class TarShardReader:
     """Random access to the samples of one tar (one split shard). Thread-safe (pread only).
 
-    ds: the ``EnergonDataset`` (its metas, part filter, field map and decode settings). shard_id: the shard.
+    ds: the ``PreparedWebdataset`` (its metas, part filter, field map and decode settings). shard_id: the shard.
     Raises DataError when the ``.tar.idx`` is missing or does not match, or a key cannot be read; OSError
     when the tar cannot be opened.
     """

@@ -20,7 +20,7 @@ WHOLE_TAR = 256 << 20   # bytes: tars up to this size are cached whole
 
 
 class RemoteTars:
-    """Where an ``EnergonDataset`` at a URL reads from: its ``RemoteRoot`` and ``sizes`` (path below the root
+    """Where a ``PreparedWebdataset`` at a URL reads from: its ``RemoteRoot`` and ``sizes`` (path below the root
     -> bytes, from one listing); ``read_ahead`` / ``read_ahead_chunks``: the ``ReadAhead`` settings. Picklable."""
 
     def __init__(self, root: RemoteRoot, sizes: dict[str, int], read_ahead: int = 4,

@@ -111,7 +111,7 @@ def subset_bounds(subset: dict | None, total: int) -> tuple[int, int]:
 
     subset: merged subset (``parse_subset`` shape) or None (everything).
     total: samples of the leaf's split part over its tars, excluded samples included (Energon's restore
-    index space; see ``EnergonDataset.raw_index``).
+    index space; see ``PreparedWebdataset.raw_index``).
     The absolute range applies first (``end`` None = ``total``), then the relative range within what it
     left, each bound truncated with ``int()``.
     Raises ValueError when a bound falls outside ``[0, total]`` or start > end.
