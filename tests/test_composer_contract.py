@@ -39,7 +39,7 @@ import torch  # noqa: E402
 
 import composer_job as job  # noqa: E402
 
-N = 150            # samples: a one-pass epoch is filled to 19 steps of 8 with 2 repeats (repeated_per_epoch)
+N = 142            # samples: one pass filled to 18 steps of 8 (3 divides 18) with 2 repeats (repeated_per_epoch)
 GBS = 8            # global batch; num_canonical_nodes defaults to it (8 lanes)
 JOB = Path(__file__).with_name("composer_job.py")
 LAUNCH_TIMEOUT = 240
