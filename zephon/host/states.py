@@ -8,15 +8,24 @@ from __future__ import annotations
 import json
 
 from .. import checkpoint as ckpt
+from ..checkpoint.schema import CARRY_KEY, MAX_CARRIED
+from ..engine.lane import carrier_indexes
 
 MIN_CAPACITY = 1 << 16  # bytes
 
 
 def state_capacity(plan) -> int:
-    """Bytes that hold any checkpoint of ``plan``'s config: a power of two >= 64 KiB that fits every lane
-    at the largest counters (``plan``: an ``engine.LoaderPlan``)."""
-    big = (1 << 62) - 1
-    entries = [{k: (lane if k == "lane" else big) for k in ckpt.LANE_KEYS} for lane in range(plan.canonical_replicas)]
+    """Bytes that hold any checkpoint of ``plan``'s config: a power of two >= 64 KiB that fits every lane at the
+    largest counters, carrying the most documents its packing may carry across a flush (each ``Pack``'s
+    ``max_carry``, every one in a bin of its own at the largest position and piece). ``plan``: an
+    ``engine.LoaderPlan``."""
+    big, piece = (1 << 62) - 1, (1 << 31) - 1
+    carry = {str(i): [[[big, piece]]] * getattr(plan.chain_ops[i], "max_carry", MAX_CARRIED)
+             for i in sorted(carrier_indexes(plan.chain_ops))}
+    carry = {k: bins for k, bins in carry.items() if bins}
+    extra = {CARRY_KEY: carry} if carry else {}
+    entries = [dict({k: (lane if k == "lane" else big) for k in ckpt.LANE_KEYS}, **extra)
+               for lane in range(plan.canonical_replicas)]
     n = len(ckpt.canonical_json(plan.make_state(entries)))
     cap = MIN_CAPACITY
     while cap < n:
