@@ -45,7 +45,29 @@ def jsonl_offsets(path: str) -> np.ndarray:
     return np.asarray(offs, dtype=np.int64)
 
 
-class JsonlSource:
+class _FilesSource:
+    """Rows of several files as one random-access sequence: ``cum`` (row count prefix sums) locates a row;
+    ``_open`` (per-process handles, opened lazily) is dropped when pickled, so each worker opens its own."""
+
+    cum: np.ndarray
+    _open = None
+
+    def __len__(self):
+        return int(self.cum[-1])
+
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        d["_open"] = None
+        return d
+
+    def _locate(self, i) -> tuple[int, int]:
+        """``(file index, row in that file)`` of row ``i``."""
+        i = int(i)
+        f = int(np.searchsorted(self.cum, i, side="right")) - 1
+        return f, i - int(self.cum[f])
+
+
+class JsonlSource(_FilesSource):
     """Random-access text source over JSONL files (line offsets; ``os.pread`` + ``json.loads``): what a
     Grain user writes for JSONL (Grain ships ArrayRecord/Parquet readers, no JSONL one). Picklable."""
 
@@ -53,27 +75,16 @@ class JsonlSource:
         self.files = list(files)
         self.offsets = [jsonl_offsets(f) for f in self.files]
         self.cum = np.cumsum([0] + [len(o) - 1 for o in self.offsets])
-        self._fds = None
-
-    def __len__(self):
-        return int(self.cum[-1])
-
-    def __getstate__(self):
-        d = dict(self.__dict__)
-        d["_fds"] = None
-        return d
 
     def __getitem__(self, i):
-        i = int(i)
-        f = int(np.searchsorted(self.cum, i, side="right")) - 1
-        j = i - int(self.cum[f])
-        if self._fds is None:
-            self._fds = [os.open(p, os.O_RDONLY) for p in self.files]
+        f, j = self._locate(i)
+        if self._open is None:
+            self._open = [os.open(p, os.O_RDONLY) for p in self.files]
         o = self.offsets[f]
-        return json.loads(os.pread(self._fds[f], int(o[j + 1] - o[j]), int(o[j])))["text"]
+        return json.loads(os.pread(self._open[f], int(o[j + 1] - o[j]), int(o[j])))["text"]
 
 
-class ParquetSource:
+class ParquetSource(_FilesSource):
     """Random-access text source over Parquet files: the ``text`` column read once per process
     (pyarrow), then indexed. Picklable (reads lazily in each worker)."""
 
@@ -82,24 +93,14 @@ class ParquetSource:
 
         self.files = list(files)
         self.cum = np.cumsum([0] + [pq.ParquetFile(f).metadata.num_rows for f in self.files])
-        self._cols = None
-
-    def __len__(self):
-        return int(self.cum[-1])
-
-    def __getstate__(self):
-        d = dict(self.__dict__)
-        d["_cols"] = None
-        return d
 
     def __getitem__(self, i):
         import pyarrow.parquet as pq
 
-        if self._cols is None:
-            self._cols = [pq.read_table(f, columns=["text"]).column("text") for f in self.files]
-        i = int(i)
-        f = int(np.searchsorted(self.cum, i, side="right")) - 1
-        return self._cols[f][i - int(self.cum[f])].as_py()
+        f, j = self._locate(i)
+        if self._open is None:
+            self._open = [pq.read_table(p, columns=["text"]).column("text") for p in self.files]
+        return self._open[f][j].as_py()
 
 
 def text_source(fmt: str, files: list[str]):
