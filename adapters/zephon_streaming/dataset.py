@@ -16,10 +16,10 @@ from torch.utils.data import IterableDataset
 from zephon import LoaderPlan
 from zephon.host import Channel, RankSession, private_dir
 from zephon.ops import Batch, Decode, Pack, Tokenize
-from zephon.work import Schedule, TopologyError, lanes_for_rank
+from zephon.work import Schedule, TopologyError, epoch_steps, lanes_for_rank
 
 from .iteration import RankIteration
-from .keywords import RefusedKeyword, Stream, detect_world, refuse_unsupported, stream_weights
+from .keywords import RefusedKeyword, Stream, batching_choose, detect_world, refuse_unsupported, stream_weights
 from .state import STATE_FORMAT, MosaicState
 
 __all__ = ["STATE_FORMAT", "RefusedKeyword", "Stream", "StreamingDataset", "detect_world"]  # the old home of each
@@ -33,9 +33,11 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
     (per device, required), ``num_canonical_nodes`` (= lanes, Zephon's ``canonical_replicas``;
     default: the global batch size), ``shuffle``, ``shuffle_seed``, ``shuffle_block_size``,
     ``replication``; for a ``remote`` object-storage URL read through ``local`` (docs/remote.md):
-    ``download_retry``, ``download_timeout``, ``keep_zip``, ``predownload``, ``cache_limit``; refused unless
-    left at Mosaic's default: ``sampling_method``,
-    ``sampling_granularity``, ``partition_algo``, ``shuffle_algo``, ``batching_method``,
+    ``download_retry``, ``download_timeout``, ``keep_zip``, ``predownload``, ``cache_limit``;
+    ``batching_method`` (``random``, ``stratified``, ``per_stream``, ``device_per_stream``: Mosaic's
+    composition per global step, defined per lane step rather than per physical device; not with
+    ``tokenizer``); ``sampling_method`` (``balanced``; ``fixed`` with ``shuffle=False`` only); refused unless
+    left at Mosaic's default: ``sampling_granularity``, ``partition_algo``, ``shuffle_algo``,
     ``stream_name``, ``stream_config``.
 
     Zephon keywords: ``tokenizer`` (a ``tokenizers.Tokenizer`` or tokenizer.json path: tokenize
@@ -70,7 +72,8 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
                  channel_dir=None, exchange_timeout=300.0):
         refuse_unsupported(sampling_method=sampling_method, sampling_granularity=sampling_granularity,
                            partition_algo=partition_algo, shuffle_algo=shuffle_algo, batching_method=batching_method,
-                           stream_name=stream_name, stream_config=stream_config)
+                           stream_name=stream_name, stream_config=stream_config, shuffle=shuffle,
+                           tokenizer=tokenizer, streams=streams or ())
         if batch_size is None:
             raise RefusedKeyword("batch_size=None is not supported by zephon_streaming: the per-device batch_size is "
                                  "required, because batch_size x world_size is the global batch that stays identical "
@@ -111,6 +114,8 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
             raise ValueError("tokenizer= (packing) needs epoch_size = packed rows per epoch: the number of rows a "
                              "pass packs into is unknown until every document is tokenized")
         one_pass = one_pass and not self.text
+        self.batching_method = batching_method
+        one_pass, epoch_value = self._batching_epoch(streams, epoch_value, one_pass)
         self.exhaustion = "fill" if one_pass else "repeat"  # one pass: Mosaic's epoch, the last batch filled
         self.epoch_size = None if one_pass else (epoch_value or (self.num_samples if isinstance(self.weights, Schedule)
                                                                  else int(round(sum(self.weights)))))
@@ -171,6 +176,15 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
         ref = self._plan(0)
         self.fingerprint, self.config_summary = ref.fingerprint, ref.summary
 
+    def _batching_epoch(self, streams, epoch_value, one_pass):
+        """``(one_pass, epoch_value)`` for ``batching_method``: unchanged for ``random``; else an epoch of whole
+        steps of each stream's samples (``zephon.work.epoch_steps``, from ``_choose`` set here)."""
+        if self.batching_method == "random":
+            return one_pass, epoch_value
+        self._choose, self._proportions = batching_choose(streams, self.weights, self.samples_per_stream,
+                                                          epoch_value, one_pass)
+        return False, sum(self._choose)
+
     def _open(self, stream: Stream):
         return stream.open(allow_unsafe_types=self.allow_unsafe_types, predownload=self.predownload,
                            cache_limit=self.cache_limit)
@@ -195,13 +209,14 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
         """The core loader plan of ``epoch`` for this rank (the last one built is cached)."""
         if epoch in self._plans:
             return self._plans[epoch]
-        weights = self.weights.shifted(epoch * self._steps()) if isinstance(self.weights, Schedule) else self.weights
+        weights = self.weights.shifted(epoch * self._steps()) if isinstance(self.weights, Schedule) else \
+            self._batch_weights if self.batching_method != "random" else self.weights
         plan = LoaderPlan.build(self._datasets, self._ops() + [Batch(self.rows_per_lane_step, drop_last=True)],
                                 weights=weights, seed=self._epoch_seed(epoch),
                                 canonical_replicas=self.num_canonical_nodes, chunk_size=self.chunk_size,
                                 global_batch_size=self.global_batch_size, shuffle=self.shuffle,
                                 shuffle_block_size=self.shuffle_block_size, exhaustion=self.exhaustion,
-                                dp_degree=self.dp_degree, dp_rank=self.dp_rank)
+                                dp_degree=self.dp_degree, dp_rank=self.dp_rank, batching=self.batching_method)
         self._plans = {epoch: plan}
         return plan
 
@@ -217,7 +232,11 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
     def _steps(self) -> int:
         """Global steps per epoch: equal on every rank, whatever the world size."""
         gbs, R = self.global_batch_size, self.num_canonical_nodes
-        if self.exhaustion == "repeat":
+        if self.batching_method != "random":  # Mosaic drops each stream's incomplete batches
+            S, self._batch_weights = epoch_steps(self.batching_method, self._choose, self._proportions,
+                                                 step_size=gbs, canonical_replicas=R)
+            what = f"batching_method={self.batching_method!r} over {self._choose} samples per stream"
+        elif self.exhaustion == "repeat":
             S = self.epoch_size // gbs
             what = f"epoch_size={self.epoch_size}"
         else:  # one pass, filled to whole global batches: every lane holds exactly S steps of samples
@@ -241,9 +260,12 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
 
     @property
     def dropped_per_epoch(self) -> int:
-        """Samples of an epoch left out: always 0 (a one-pass epoch is filled to whole global batches instead,
-        see ``repeated_per_epoch``)."""
-        return 0
+        """Samples of an epoch left out: 0 for ``batching_method="random"`` (a one-pass epoch is filled to whole
+        global batches instead, see ``repeated_per_epoch``); else the samples of each stream's epoch that do not
+        fill a whole step of its own (Mosaic drops them too)."""
+        if self.batching_method == "random":
+            return 0
+        return sum(self._choose) - self.steps_per_epoch * self.global_batch_size
 
     @property
     def repeated_per_epoch(self) -> int:

@@ -58,13 +58,17 @@ def detect_world():
 
 
 def refuse_unsupported(*, sampling_method, sampling_granularity, partition_algo, shuffle_algo, batching_method,
-                       stream_name, stream_config) -> None:
-    """Refuse Mosaic knobs left away from their defaults (each argument: the keyword's value).
-    Raises ``RefusedKeyword`` saying why and what to use instead."""
-    if sampling_method != "balanced":
-        refuse("sampling_method", sampling_method, "the mixture is Zephon's closed-form allocation (exact per-"
-               "stream counts in every prefix of the stream, a fresh choice of samples each epoch when "
-               "shuffle=True), which is 'balanced'; leave sampling_method at its default")
+                       stream_name, stream_config, shuffle=False, tokenizer=None, streams=()) -> None:
+    """Refuse Mosaic knobs set to values Zephon does not honour (each argument: the keyword's value; ``shuffle``,
+    ``tokenizer`` and ``streams`` decide whether ``sampling_method`` / ``batching_method`` can be honoured).
+    Raises ``RefusedKeyword`` saying why and what to use instead, ValueError for a value Mosaic rejects too."""
+    if sampling_method not in ("balanced", "fixed"):
+        raise ValueError(f"Invalid sampling method: {sampling_method!r}. Must be one of `balanced` or `fixed`.")
+    if sampling_method == "fixed" and shuffle:
+        refuse("sampling_method", sampling_method, "with shuffle=True every epoch's seed draws a fresh choice of the "
+               "samples of a stream read partly (proportion / choose / repeat below a whole pass), which is "
+               "'balanced'; keeping the same samples in a new order each epoch is not implemented. Use shuffle=False "
+               "(the same samples in the same order every epoch, accepted as 'fixed') or sampling_method='balanced'")
     if sampling_granularity != 1:
         refuse("sampling_granularity", sampling_granularity, "streams are interleaved sample by sample by the "
                "mixture; leave it at 1")
@@ -75,14 +79,46 @@ def refuse_unsupported(*, sampling_method, sampling_granularity, partition_algo,
         refuse("shuffle_algo", shuffle_algo, "Zephon has one shuffle: seeded bijective permutations of the shard "
                "order and of samples within each shard (or within shuffle_block_size blocks); leave shuffle_algo "
                "at its default and use shuffle / shuffle_seed / shuffle_block_size")
-    if batching_method != "random":
-        refuse("batching_method", batching_method, "a global batch is global_batch_size / num_canonical_nodes "
-               "rows from every lane of the mixed stream; per-stream or stratified batches are not built; use "
-               "Stream(proportion=...) for the mix")
+    from zephon.work import BATCHING_METHODS
+    if batching_method not in BATCHING_METHODS:
+        raise ValueError(f"Invalid batching method: {batching_method!r}. Must be one of "
+                         f"{', '.join(f'`{m}`' for m in BATCHING_METHODS)}.")
+    if batching_method != "random" and tokenizer is not None:
+        refuse("batching_method", batching_method, "with tokenizer= rows are packed from documents of several "
+               "samples, so a row has no single stream; use batching_method='random' with packing")
+    if batching_method != "random" and any(getattr(s, "proportion_schedule", None) is not None for s in streams):
+        refuse("batching_method", batching_method, "a proportion_schedule changes the shares step by step; "
+               "stratified / per-stream batches take fixed shares (use Stream(proportion=...))")
     if stream_name != "stream" or stream_config:
         name, value = ("stream_name", stream_name) if stream_name != "stream" else ("stream_config", stream_config)
         refuse(name, value, "custom Stream classes from the registry are not used; pass zephon_streaming.Stream "
                "objects in streams=")
+
+
+def batching_choose(streams, weights, sizes, epoch_value, one_pass) -> tuple[list[int], list[float]]:
+    """Samples per epoch per stream (ints) and the streams' proportions, for a ``batching_method`` other than
+    ``random`` (``zephon.work.epoch_steps`` turns them into whole steps).
+
+    streams: ``Stream`` list. weights: ``stream_weights``' samples per epoch per stream. sizes: samples per
+    stream. epoch_value: the explicit ``epoch_size`` (or None). one_pass: no weight and no ``epoch_size`` set.
+    Relative weights are cut to ints that sum to the epoch (largest remainders first; Mosaic hands its shortfall
+    to random streams); the proportions are Mosaic's: the ``proportion`` values, the stream sizes when only
+    ``epoch_size`` is set, else the per-epoch counts."""
+    relative = all(s.proportion is not None for s in streams)
+    if one_pass:
+        choose = [int(n) for n in sizes]
+    elif relative or epoch_value is not None:  # shares of the epoch, cut to ints that sum to it
+        total = epoch_value if epoch_value is not None else sum(sizes)
+        exact = [w / sum(weights) * total for w in weights]
+        choose = [int(x) for x in exact]
+        by_rest = sorted(range(len(exact)), key=lambda d: (choose[d] - exact[d], d))
+        for d in by_rest[:total - sum(choose)]:
+            choose[d] += 1
+    else:  # Mosaic: int(repeat x size), or choose
+        choose = [int(w) for w in weights]
+    if relative:
+        return choose, [float(s.proportion) for s in streams]
+    return choose, [float(c) for c in (sizes if epoch_value is not None else choose)]
 
 
 def stream_weights(streams, sizes, epoch_size) -> tuple[list[float], int | None, bool]:

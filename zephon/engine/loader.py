@@ -82,6 +82,10 @@ class Loader:
             also raises when a dataset gives no record from as many samples as it holds, or a lane no row
             from a whole pass of the data (every sample skipped or filtered): never a silent spin.
         unit_size: pointers per unit of worker work (a performance knob only).
+        batching: which dataset each slot of a step draws from (``work.batching``): ``"random"`` (the mixture,
+            default), ``"stratified"`` (each step holds every dataset's rounded share), ``"per_stream"`` (each
+            step from one dataset), ``"device_per_stream"`` (each lane step from one dataset). Defined per
+            canonical slot, so the same at every dp_degree; needs ``exhaustion="repeat"``.
     Iterating yields micro-batch dicts (``ops.collate`` of rows) with ``__lane__``, ``__step__`` and
     ``__micro__``; within a step, micro-batch ``j`` of every owned lane in lane order, then ``j + 1``.
     A new ``iter()`` continues where the previous one stopped (or from a ``restore``d state) and
@@ -104,7 +108,7 @@ class Loader:
                  dp_degree: int = 1, dp_rank: int = 0,
                  lane_assignment: str = "contiguous", runner="threads", num_workers: int = 2,
                  unit_size: int = 256, lanes=None, emit_state: bool = False, pad_tail: bool = True,
-                 max_skip_fraction=DEFAULT_MAX_SKIP_FRACTION):
+                 max_skip_fraction=DEFAULT_MAX_SKIP_FRACTION, batching: str = "random"):
         self._init(LoaderPlan.build(datasets, ops, weights=weights, seed=seed,
                                     canonical_replicas=canonical_replicas, chunk_size=chunk_size,
                                     global_batch_size=global_batch_size, shuffle=shuffle,
@@ -112,7 +116,7 @@ class Loader:
                                     flush_every_k_chunks=flush_every_k_chunks, flush_span=flush_span,
                                     dp_degree=dp_degree,
                                     dp_rank=dp_rank, lane_assignment=lane_assignment, unit_size=unit_size,
-                                    pad_tail=pad_tail),
+                                    pad_tail=pad_tail, batching=batching),
                    runner=runner, num_workers=num_workers, lanes=lanes, emit_state=emit_state,
                    max_skip_fraction=max_skip_fraction)
 

@@ -16,6 +16,7 @@ import warnings
 
 import numpy as np
 
+from .batching import check_method, composition
 from .mixture import Mixture, ScheduledMixture
 from .permute import IndexPermutation, derive_key
 from .schedule import Schedule, resume_horizon
@@ -77,12 +78,17 @@ class WorkSource:
             allocates in step-major order: lane ``l``'s ``j``-th position of step ``s`` is position
             ``s * step_size + l * step_size / canonical_replicas + j``, so a step's draws follow that step's
             shares exactly, at any chunk size.
+        batching: ``"random"`` (the mixture over the stream) or a ``batching.BATCHING_METHODS`` composition
+            (``"stratified"``, ``"per_stream"``, ``"device_per_stream"``): which dataset each slot of a step
+            draws from, over the same step-major positions as a schedule (needs ``step_size`` and
+            ``exhaustion="repeat"``, no schedule).
     Raises ``ValueError`` on an empty dataset list, a dataset with no samples, bad weights or options.
     """
 
     def __init__(self, datasets, weights=None, *, seed: int = 0, canonical_replicas: int = 1,
                  chunk_size: int = 1024, shuffle: bool = True, shuffle_block_size: int | None = None,
-                 exhaustion: str = "repeat", fill_multiple: int = 1, step_size: int | None = None):
+                 exhaustion: str = "repeat", fill_multiple: int = 1, step_size: int | None = None,
+                 batching: str = "random"):
         weights = _checked_weights(datasets, weights)
         _check_options(seed, canonical_replicas, chunk_size, exhaustion, fill_multiple, shuffle_block_size)
         self.datasets = list(datasets)
@@ -91,8 +97,12 @@ class WorkSource:
         for d, n in zip(self.datasets, self.sizes):
             if n == 0:
                 raise ValueError(f"dataset {d.name!r} has no samples")
-        self.schedule = None
-        if isinstance(weights, Schedule):
+        self.schedule, self.batching = None, check_method(batching)
+        if batching != "random":
+            self.step_size = self._check_batching(weights, step_size, exhaustion, canonical_replicas)
+            self.mixture = composition(batching, weights, step_size=self.step_size,
+                                       canonical_replicas=canonical_replicas, seed=derive_key(seed, "batching"))
+        elif isinstance(weights, Schedule):
             self.schedule, self.step_size = self._check_schedule(weights, step_size, exhaustion, canonical_replicas)
             self.mixture = ScheduledMixture(weights, self.step_size)
         else:
@@ -140,6 +150,16 @@ class WorkSource:
             raise ValueError(f"a mixture schedule needs positions per step (step_size, or the schedule's "
                              f"positions_per_step) that are a multiple of canonical_replicas={lanes}, got {step!r}")
         return schedule, step
+
+    def _check_batching(self, weights, step_size, exhaustion, lanes) -> int:
+        if isinstance(weights, Schedule) or exhaustion != "repeat":
+            raise ValueError(f"batching={self.batching!r} needs fixed weights and an endless stream "
+                             f"(exhaustion='repeat'), got exhaustion={exhaustion!r}"
+                             + (" and a schedule" if isinstance(weights, Schedule) else ""))
+        if not isinstance(step_size, int) or step_size < 1 or step_size % lanes:
+            raise ValueError(f"batching={self.batching!r} needs step_size (positions per global step) a multiple "
+                             f"of canonical_replicas={lanes}, got {step_size!r}")
+        return step_size
 
     def _step_major(self, t: np.ndarray) -> np.ndarray:
         """Global positions -> step-major positions (see ``step_size``): a bijection."""
@@ -189,6 +209,7 @@ class WorkSource:
             **({"fill_multiple": self.fill_multiple} if self.exhaustion == "fill" else {}),
             **({"weights": "schedule", "schedule": {**self.schedule.to_dict(), "positions_per_step": self.step_size}}
                if self.schedule is not None else {"weights": self.mixture.weights}),
+            **({"batching": self.batching, "step_size": self.step_size} if self.batching != "random" else {}),
             "datasets": [d.fingerprint() for d in self.datasets],
         }
 
@@ -275,7 +296,7 @@ class WorkSource:
         """Resolve global stream positions to sample pointers. A ``"fill"`` stream's positions past the
         pass resolve as the pass's first positions (the repeats), keeping their own position as identity."""
         drawn = positions if not self.fill_positions else positions % self.pass_positions
-        if self.schedule is not None:
+        if self.schedule is not None or self.batching != "random":
             drawn = self._step_major(drawn)
         ds, draws = self.mixture.assign(drawn)
         shard_ids = np.empty_like(positions)
