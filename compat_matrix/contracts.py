@@ -40,6 +40,8 @@ _ROWS = [
     ("streaming.elastic", "resume at another world size / num_workers gives identical global batches"),
     ("streaming.dataloader", "StreamingDataLoader and torch DataLoader workers give the rank's exact stream and state"),
     ("streaming.mixture", "Stream proportion / repeat / choose and replication behave like Mosaic's"),
+    ("streaming.batching", "batching_method stratified / per_stream / device_per_stream compose batches as "
+     "mosaicml-streaming's own StreamingDataset does"),
     # Composer
     ("composer.trainer", "a real composer.Trainer (CPU) trains on zephon_streaming.StreamingDataset"),
     ("composer.resume", "Trainer checkpoint mid-epoch + load_path resume: batches identical to an uninterrupted run"),

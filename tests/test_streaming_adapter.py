@@ -279,7 +279,7 @@ def test_composer_shaped_loop_resumes_with_identical_batches(data, stop_at):
     ({"sampling_granularity": 4}, "sampling_granularity=4"),
     ({"partition_algo": "orig"}, "partition_algo='orig'"),
     ({"shuffle_algo": "py1s"}, "one shuffle"),
-    ({"batching_method": "per_stream"}, "batching_method='per_stream'"),
+    ({"batching_method": "per_batch"}, "Invalid batching method: 'per_batch'"),
     ({"stream_name": "custom"}, "stream_name='custom'"),
     ({"batch_size": None}, "batch_size x world_size"),
     ({"remote": "oci://bucket/x", "local": "/nonexistent-zephon"}, "not read by Zephon"),
