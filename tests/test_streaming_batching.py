@@ -145,28 +145,47 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-@pytest.mark.contract("streaming.batching")
-def test_device_per_stream_matches_mosaic_on_two_gloo_ranks(shards, tmp_path):
-    """Oracle: Mosaic's device_per_stream on 2 real gloo ranks (batch_size 4, num_canonical_nodes 2): every
-    device batch from one stream, device batches per stream equal to ours at one device per lane."""
+def mosaic_gloo_batches(shards, tmp_path, kwargs, size=2):
+    """One epoch of mosaicml-streaming's own StreamingDataset on ``size`` real gloo ranks (subprocesses of
+    tests/mosaic_batching_job.py): per rank, its device batches of sample ids."""
     config = tmp_path / "config.json"
-    kwargs = {"batch_size": 4, "num_canonical_nodes": 2, "shuffle": True, "batching_method": "device_per_stream"}
     config.write_text(json.dumps({"streams": shards["dirs"], "kwargs": kwargs}))
-    env = {**os.environ, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+    env = {**os.environ, "WORLD_SIZE": str(size), "LOCAL_WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(_free_port())}
     job = os.path.join(os.path.dirname(__file__), "mosaic_batching_job.py")
     procs = [subprocess.Popen([sys.executable, job, str(config), str(tmp_path / f"rank{r}.json")],
-                              env={**env, "RANK": str(r)}) for r in range(2)]
+                              env={**env, "RANK": str(r)}) for r in range(size)]
     for p in procs:
         assert p.wait(timeout=300) == 0, "a mosaicml-streaming rank failed (its stderr is above)"
-    theirs = [streams_of(b) for r in range(2) for b in json.loads((tmp_path / f"rank{r}.json").read_text())]
-    dsets = [ours(shards, r, 2, num_canonical_nodes=2, batching_method="device_per_stream", run_id="g2")
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(size)]
+
+
+@pytest.mark.slow
+@pytest.mark.contract("streaming.batching")
+@pytest.mark.parametrize("method", ["stratified", "per_stream", "device_per_stream"])
+def test_compositions_match_mosaic_on_two_gloo_ranks(shards, tmp_path, method):
+    """Oracle: Mosaic on 2 real gloo ranks (batch_size 4, num_canonical_nodes 2, one lane per device).
+    stratified: every device batch has Mosaic's streams in Mosaic's order; per_stream: every global batch one
+    stream, as many per stream as Mosaic's; device_per_stream: every device batch one stream, as many per
+    stream as Mosaic's (n // 4 each)."""
+    kwargs = {"batch_size": 4, "num_canonical_nodes": 2, "shuffle": True, "batching_method": method}
+    theirs = mosaic_gloo_batches(shards, tmp_path, kwargs)
+    assert len(theirs[0]) == len(theirs[1])
+    dsets = [ours(shards, r, 2, num_canonical_nodes=2, batching_method=method, run_id=f"g2{method}")
              for r in range(2)]
-    mine = [streams_of(b[j:j + 4]) for b in global_batches(dsets) for j in (0, 4)]
-    assert all(len(set(b)) == 1 for b in mine + theirs)
-    assert Counter(b[0] for b in mine) == Counter(b[0] for b in theirs) == \
-        Counter({k: n // 4 for k, n in enumerate(SIZES.values())})
+    mine = [(streams_of(b[:4]), streams_of(b[4:])) for b in global_batches(dsets)]
+    theirs = list(zip(*([streams_of(b) for b in rank] for rank in theirs)))
+    assert len(mine) == len(theirs)
+    if method == "stratified":
+        assert [list(m) for m in mine] == [list(t) for t in theirs] == [[[0, 0, 0, 0], [1, 1, 2, 2]]] * len(mine)
+        return
+    if method == "per_stream":
+        mine, theirs = [[m[0] + m[1]] for m in mine], [[t[0] + t[1]] for t in theirs]
+    flat_mine, flat_theirs = [b for m in mine for b in m], [b for t in theirs for b in t]
+    assert all(len(set(b)) == 1 for b in flat_mine + flat_theirs)
+    block = 8 if method == "per_stream" else 4
+    assert Counter(b[0] for b in flat_mine) == Counter(b[0] for b in flat_theirs) == \
+        Counter({k: n // block for k, n in enumerate(SIZES.values())})
 
 
 @pytest.mark.contract("streaming.batching", "streaming.elastic")
