@@ -65,10 +65,12 @@ def refuse_unsupported(*, sampling_method, sampling_granularity, partition_algo,
     if sampling_method not in ("balanced", "fixed"):
         raise ValueError(f"Invalid sampling method: {sampling_method!r}. Must be one of `balanced` or `fixed`.")
     if sampling_method == "fixed" and shuffle:
-        refuse("sampling_method", sampling_method, "with shuffle=True every epoch's seed draws a fresh choice of the "
-               "samples of a stream read partly (proportion / choose / repeat below a whole pass), which is "
-               "'balanced'; keeping the same samples in a new order each epoch is not implemented. Use shuffle=False "
-               "(the same samples in the same order every epoch, accepted as 'fixed') or sampling_method='balanced'")
+        refuse("sampling_method", sampling_method, "with shuffle=True one seeded permutation per epoch gives both "
+               "the order of a stream's samples and, for a stream read partly (proportion / choose / repeat below "
+               "a whole pass), which samples are read, so a new order each epoch is a new choice ('balanced'); "
+               "keeping the choice while changing the order is not implemented (not an elasticity limit: the "
+               "choice never depends on the world size). Use shuffle=False (the same samples in the same order "
+               "every epoch, accepted as 'fixed') or sampling_method='balanced'")
     if sampling_granularity != 1:
         refuse("sampling_granularity", sampling_granularity, "streams are interleaved sample by sample by the "
                "mixture; leave it at 1")
