@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import warnings
 from collections import Counter
 
 import pytest
@@ -121,7 +122,9 @@ def test_device_per_stream_one_stream_per_lane_step(shards):
     """Each lane step (a canonical device micro-batch: global batch / num_canonical_nodes rows) is from one
     stream, so at one device per lane each device's micro-batch is; lane steps per stream as Mosaic's device
     batches at that world (n // micro-batch); at one lane, as Mosaic's world-1 epoch."""
-    dsets = [ours(shards, r, 4, batching_method="device_per_stream", run_id="d4") for r in range(4)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one lane per device: no warning
+        dsets = [ours(shards, r, 4, batching_method="device_per_stream", run_id="d4") for r in range(4)]
     four = global_batches(dsets)
     one = global_batches([ours(shards, batching_method="device_per_stream")])
     assert one == four
@@ -131,6 +134,8 @@ def test_device_per_stream_one_stream_per_lane_step(shards):
     assert len(four) == blocks // 4
     got = Counter(m[0] for m in micro)
     assert all(0 <= n // 2 - got[k] < 4 for k, n in enumerate(SIZES.values())), got  # whole steps: < 4 dropped
+    with pytest.warns(UserWarning, match="4 lane steps of 2 rows"):
+        ours(shards, batching_method="device_per_stream")
     mono = [set(streams_of(b)) for b in global_batches([ours(shards, batching_method="device_per_stream",
                                                              num_canonical_nodes=1)])]
     theirs = [set(streams_of(b)) for b in mosaic_batches(shards, batching_method="device_per_stream",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import warnings
 import weakref
 
 from torch.utils.data import IterableDataset
@@ -170,6 +171,12 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
         self.num_canonical_nodes = R
         self.rows_per_lane_step = gbs // R
         self.rank_lanes = lanes_for_rank(R, self.dp_degree, self.dp_rank)
+        if self.batching_method == "device_per_stream" and per_rank > 1:
+            warnings.warn(f"batching_method='device_per_stream' is honoured per lane step: this rank owns {per_rank} "
+                          f"lanes, so its batch of {self.batch_size} rows is {per_rank} lane steps of "
+                          f"{self.rows_per_lane_step} rows, each from one stream; set num_canonical_nodes to the "
+                          f"world size ({self.dp_degree}) for one stream per device batch (docs/streaming.md)",
+                          stacklevel=3)
         self._plans = {}
         self.steps_per_epoch = self._steps()
         self.length = self.steps_per_epoch * self.batch_size
