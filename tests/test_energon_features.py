@@ -1,0 +1,118 @@
+"""zephon_energon features Megatron users configure (issue 25 item 3), each against megatron-energon 7.4 itself.
+
+Data: the prepared text dataset of test_energon_adapter (real ``webdataset.ShardWriter`` tars, Energon's own
+prepare). Oracles: megatron.energon's loader on the same data and task encoder (key multiset per pass, batch
+composition rule); an uninterrupted single-rank run for elastic resumes (another world size and worker count).
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.energon")
+
+from megatron import energon as me  # noqa: E402
+
+import zephon_energon as ze  # noqa: E402
+from test_energon_adapter import R, _global_batches, energon_samples, take, train_loader, wc  # noqa: E402
+import test_energon_adapter  # noqa: E402
+
+text_ds = test_energon_adapter.text_ds  # the same module-scoped dataset fixture
+
+
+# -- grouped batching (TaskEncoder.batch_group_criterion) ---------------------------------------------
+SIZES = {0: 2, 1: 3, 2: 4}
+
+
+def _group(text: str) -> int:
+    return len(text) % 3
+
+
+class GroupTE(ze.DefaultTaskEncoder):
+    """Groups text samples by ``len(text) % 3``: the fixed ``batch_size`` or, without one, 2, 3 or 4 per group."""
+
+    def __init__(self, sized: bool):
+        super().__init__()
+        self.sized = sized
+
+    def batch_group_criterion(self, sample):
+        g = _group(sample.text)
+        return g, (SIZES[g] if self.sized else None)
+
+
+def _batches_by_group(batches, texts):
+    """``[(group, keys)]`` of batches; asserts each batch holds one group only."""
+    out = []
+    for keys in batches:
+        groups = {_group(texts[k]) for k in keys}
+        assert len(groups) == 1, f"batch {keys} mixes groups {groups}"
+        out.append((groups.pop(), keys))
+    return out
+
+
+def _check_rule(batches, texts, size_of, streams: int, drop_last: bool):
+    """Energon's GroupBatchDataset rule: a batch is one group's; a group's batches are full except, without
+    drop_last, its last batch in each independent stream (an Energon worker, a Zephon lane)."""
+    short = Counter()
+    for g, keys in _batches_by_group(batches, texts):
+        assert len(keys) <= size_of(g)
+        if len(keys) < size_of(g):
+            short[g] += 1
+    assert not short if drop_last else all(n <= streams for n in short.values()), short
+
+
+@pytest.mark.contract("energon.task_encoder")
+@pytest.mark.parametrize("sized", [False, True])
+def test_grouped_batches_follow_energons_rule_and_keys(text_ds, sized):
+    texts = {k: s.text for k, s in energon_samples(text_ds).items()}
+    bs = None if sized else 4
+    size_of = (lambda g: SIZES[g]) if sized else (lambda g: 4)  # noqa: E731
+    theirs = [tuple(b.__key__) for b in me.get_loader(me.get_train_dataset(
+        text_ds, worker_config=wc(), batch_size=bs, shuffle_buffer_size=None, max_samples_per_sequence=None,
+        repeat=False, task_encoder=GroupTE(sized)))]
+    ours = take(train_loader(text_ds, batch_size=bs, repeat=False, task_encoder=GroupTE(sized), workers=2,
+                             flush_span=8, chunk_size=4), 10 ** 6)
+    _check_rule(theirs, texts, size_of, streams=1, drop_last=False)
+    _check_rule(ours, texts, size_of, streams=R, drop_last=False)
+    # every sample once per pass, as in Energon; each group has Energon's number of samples
+    assert Counter(k for b in ours for k in b) == Counter(k for b in theirs for k in b) == Counter(texts.keys())
+    # buckets carried across flush sentinels: far fewer short batches than one per group and span
+    assert sum(len(b) < size_of(_group(texts[b[0]])) for b in ours) <= 3 * R
+    dropped = take(train_loader(text_ds, batch_size=bs, repeat=False, batch_drop_last=True,
+                                task_encoder=GroupTE(sized), flush_span=8, chunk_size=4), 10 ** 6)
+    _check_rule(dropped, texts, size_of, streams=R, drop_last=True)
+
+
+GROUP_KW = dict(task_encoder=GroupTE(True), batch_size=None, flush_span=8, chunk_size=4)
+
+
+@pytest.fixture(scope="module")
+def group_save(text_ds):
+    """World size 4 with 2 workers per rank, grouped batching, saved after k global steps."""
+    k = 4
+    ref = take(train_loader(text_ds, **GROUP_KW), R * (k + 3))
+    runs, states = {}, []
+    for r in range(4):
+        dl = train_loader(text_ds, rank=r, world=4, workers=2, **GROUP_KW)
+        runs[r] = take(dl, 2 * k)
+        states.append(dl.save_state_global(0)[0])
+        dl.close()
+    assert _global_batches(runs, 4, k) == [ref[R * s:R * (s + 1)] for s in range(k)]
+    assert '"carry"' in json.dumps(states)  # buckets were held across a sentinel at the save
+    return ref, states, k
+
+
+@pytest.mark.contract("energon.task_encoder", "energon.elastic")
+@pytest.mark.parametrize("new_world,new_workers", [(1, 0), (2, 1), (8, 0)])
+def test_grouped_batching_resumes_elastically(text_ds, group_save, new_world, new_workers):
+    ref, states, k = group_save
+    runs = {}
+    for r in range(new_world):
+        dl = train_loader(text_ds, rank=r, world=new_world, workers=new_workers, **GROUP_KW)
+        dl.restore_state_global(states)
+        runs[r] = take(dl, (R // new_world) * 3)
+        dl.close()
+    assert _global_batches(runs, new_world, 3) == [ref[R * (k + s):R * (k + s + 1)] for s in range(3)]
