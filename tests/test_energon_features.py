@@ -116,3 +116,81 @@ def test_grouped_batching_resumes_elastically(text_ds, group_save, new_world, ne
         runs[r] = take(dl, (R // new_world) * 3)
         dl.close()
     assert _global_batches(runs, new_world, 3) == [ref[R * (k + s):R * (k + s + 1)] for s in range(3)]
+
+
+# -- fractional blend_epochized repetitions ---------------------------------------------------------------
+import test_energon_subset  # noqa: E402
+
+data = test_energon_subset.data  # text (16 train samples) and other (24 samples, no excluded key)
+
+
+def _frac_yaml(data, tmp_path, r) -> str:
+    # other has no excluded key: Energon's fraction is of its length, which counts excluded keys too
+    return test_energon_subset._yaml(tmp_path / f"frac{r}.yaml", {"train": {"blend_epochized": [
+        {"path": data["text"], "repetitions": 1}, {"path": data["other"], "repetitions": r}]}})
+
+
+def _energon_keys(path, repeat: bool, n: int = 10 ** 6) -> list:
+    ds = me.get_train_dataset(path, worker_config=wc(), batch_size=None, shuffle_buffer_size=None,
+                              max_samples_per_sequence=None, repeat=repeat)
+    return take(me.get_loader(ds), n, lambda s: s.__key__)
+
+
+def _shape(c: Counter) -> Counter:
+    """How many keys of each dataset appear how many times."""
+    return Counter((k[0], n) for k, n in c.items())
+
+
+@pytest.mark.contract("energon.metadataset")
+@pytest.mark.parametrize("r", [0.5, 1.5])
+def test_fractional_repetitions_take_energons_per_epoch_fraction(data, tmp_path, r):
+    """One epoch holds floor(r x 24) samples of ``other`` (Energon's count) and the next epoch takes the next part
+    of its shuffled stream: two epochs of r=0.5 are one whole pass (equal to Energon's two epochs), of r=1.5
+    three passes. (Energon 7.4.1 gives epochs after the first only floor(r) x 24 for r > 1: its RepeatDataset
+    counts the rest of the interrupted pass as a whole repetition; docs/energon.md.)"""
+    path = _frac_yaml(data, tmp_path, r)
+    theirs = Counter(_energon_keys(path, repeat=False))
+    E = sum(theirs.values())
+    assert E == 16 + int(r * 24)
+    ours = Counter(take(train_loader(path, batch_size=None, repeat=False, shuffle_buffer_size=None,
+                                     canonical_replicas=4), 10 ** 6, lambda s: s.__key__))
+    assert _shape(ours) == _shape(theirs)  # e.g. r=1.5: every text key once, 12 other keys twice, 12 once
+    # chunk_size 1 over 4 lanes: the first 2E samples of the loader are stream positions [0, 2E)
+    ours2 = Counter(take(train_loader(path, batch_size=None, shuffle_buffer_size=None, canonical_replicas=4,
+                                      chunk_size=1), 2 * E, lambda s: s.__key__))
+    assert _shape(ours2) == Counter({("t", 2): 16, ("u", int(2 * r)): 24})  # two epochs: whole passes of other
+    if r < 1:
+        assert ours2 == Counter(_energon_keys(path, repeat=True, n=2 * E))
+
+
+def _global(per_rank, lanes, world, steps):
+    L = lanes // world
+    return [[b for r in range(world) for b in per_rank[r][L * s:L * (s + 1)]] for s in range(steps)]
+
+
+def _elastic(path, lanes, save, resumes, k=3, m=3, **kw):
+    """Save at ``save = (world, workers)`` after k global steps; each ``(world, workers)`` of ``resumes``
+    restored from it gives the next m global steps of an uninterrupted single-rank run."""
+    ref = take(train_loader(path, canonical_replicas=lanes, **kw), lanes * (k + m))
+    runs, states = {}, []
+    for r in range(save[0]):
+        dl = train_loader(path, rank=r, world=save[0], workers=save[1], canonical_replicas=lanes, **kw)
+        runs[r] = take(dl, lanes // save[0] * k)
+        states.append(dl.save_state_global(0)[0])
+        dl.close()
+    assert _global(runs, lanes, save[0], k) == [ref[lanes * s:lanes * (s + 1)] for s in range(k)]
+    for world, workers in resumes:
+        runs = {}
+        for r in range(world):
+            dl = train_loader(path, rank=r, world=world, workers=workers, canonical_replicas=lanes, **kw)
+            dl.restore_state_global(states)
+            runs[r] = take(dl, lanes // world * m)
+            dl.close()
+        assert _global(runs, lanes, world, m) == [ref[lanes * (k + s):lanes * (k + s + 1)] for s in range(m)], \
+            (world, workers)
+    return states
+
+
+@pytest.mark.contract("energon.metadataset", "energon.elastic")
+def test_fractional_repetitions_resume_elastically(data, tmp_path):
+    _elastic(_frac_yaml(data, tmp_path, 1.5), 4, (2, 2), [(1, 1), (4, 0)], batch_size=2)

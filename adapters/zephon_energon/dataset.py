@@ -39,7 +39,7 @@ def _build(path, *, split_part, worker_config, batch_size, batch_drop_last, pack
     sources = _open_sources(path, split_part, {}) if entries is None else entries
     if subflavors:  # Energon: the keyword merge-overrides the (meta)dataset's subflavors of every sample
         sources = [(ds, dict(e, subflavors={**(e.get("subflavors") or {}), **subflavors})) for ds, e in sources]
-    datasets, weights, metas = _weights(sources, repeat, zk.get("schedule_step_size"))
+    datasets, weights, metas, quota = _weights(sources, repeat, zk.get("schedule_step_size"))
     factories = [SampleFactory(e["path"], getattr(ds, "energon", {}) or {}, e.get("subflavors"))
                  for ds, e in zip(datasets, metas)]
     seed = int(getattr(worker_config, "seed_offset", 0) or 0)
@@ -66,7 +66,8 @@ def _build(path, *, split_part, worker_config, batch_size, batch_drop_last, pack
     # buffer gets 4 fills between its forced flushes.
     span = int(zk.get("flush_span") or max(256, 4 * (packing_buffer_size or 0), shuffle_buffer_size or 0))
     loader_kwargs = dict(seed=seed, canonical_replicas=R, chunk_size=chunk, flush_span=span,
-                         shuffle=training, exhaustion="repeat" if (training and repeat) else "stop",
+                         shuffle=training, exhaustion="repeat" if (training and repeat) else
+                         "quota" if quota else "stop",
                          dp_degree=worker_config.world_size, dp_rank=worker_config.rank,
                          lane_assignment=assignment, pad_tail=False)  # TaskEncoder batches hold no padding
     ds = EnergonDataset(datasets=datasets, weights=weights, ops=ops, loader_kwargs=loader_kwargs,
