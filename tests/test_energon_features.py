@@ -194,3 +194,89 @@ def _elastic(path, lanes, save, resumes, k=3, m=3, **kw):
 @pytest.mark.contract("energon.metadataset", "energon.elastic")
 def test_fractional_repetitions_resume_elastically(data, tmp_path):
     _elastic(_frac_yaml(data, tmp_path, 1.5), 4, (2, 2), [(1, 1), (4, 0)], batch_size=2)
+
+
+# -- join metadatasets -----------------------------------------------------------------------------------
+def join_texts(primary, extra):
+    """A joiner function (list join): the primary's text and the extra's, or '-' where nonmatch: none gave None."""
+    return me.TextSample(__key__=primary.__key__, __restore_key__=primary.__restore_key__,
+                         __subflavors__=primary.__subflavors__, __sources__=primary.__sources__,
+                         text=f"{primary.text}|{extra.text if extra is not None else '-'}")
+
+
+def join_named(main, extra):
+    """A joiner function (mapping join): the same, by name."""
+    return join_texts(main, extra)
+
+
+@pytest.fixture(scope="module")
+def extra_ds(tmp_path_factory):
+    """Texts keyed like text_ds's, except every key whose number is 3 mod 7 (those have no match)."""
+    import webdataset as wds
+
+    root = tmp_path_factory.mktemp("energon_extra")
+    with wds.ShardWriter(str(root / "data-%03d.tar"), maxcount=50, verbose=0) as w:
+        for i in range(200):
+            if i % 7 != 3:
+                w.write({"__key__": f"s{i:05d}", "txt": f"extra {i}"})
+    test_energon_adapter._prepare(str(root), sorted(p.name for p in root.glob("*.tar")), test_energon_adapter.TEXT_YAML)
+    return str(root)
+
+
+def _join_yaml(tmp_path, text_ds, extra_ds, nonmatch, joiner, named=False) -> str:
+    import yaml
+    from megatron.energon.epathlib import EPath
+    from megatron.energon.metadataset.loader import prepare_metadataset
+
+    refs = [{"path": text_ds}, {"path": extra_ds, "nonmatch": nonmatch}]
+    join = dict(zip(("main", "extra"), refs)) if named else refs
+    path = tmp_path / f"join-{nonmatch}-{named}.yaml"
+    with open(path, "w") as f:
+        yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2", "splits": {"train": {
+            "join": join, "joiner": joiner}}}, f, sort_keys=False)
+    prepare_metadataset(EPath(str(path)))  # what `energon prepare <metadataset.yaml>` runs: Energon's join index
+    return str(path)
+
+
+FN = {"__module__": __name__, "__function__": "join_texts"}
+
+
+@pytest.mark.contract("energon.metadataset")
+@pytest.mark.parametrize("nonmatch,joiner,named", [
+    ("skip", FN, False), ("none", FN, False), ("none", {"__module__": __name__, "__function__": "join_named"}, True),
+    ("skip", {"__module__": "megatron.energon", "__class__": "TextSample"}, False)])
+def test_join_samples_equal_energons(text_ds, extra_ds, tmp_path, nonmatch, joiner, named):
+    """Every joined sample equals Energon's for the same key (a sample type's from_joined or a function, a
+    list or a mapping join); one pass holds Energon's keys once each (skip drops the unmatched keys). Energon
+    7.4.1 cannot read a nonmatch: none join (its reader fails on the missing member), so there its skip join
+    is the oracle for the matched keys, and its primary samples for the others."""
+    path = _join_yaml(tmp_path, text_ds, extra_ds, nonmatch, joiner, named)
+    ref = path if nonmatch == "skip" else _join_yaml(tmp_path, text_ds, extra_ds, "skip", joiner, named)
+    theirs = {s.__key__: s.text for s in me.get_loader(me.get_train_dataset(
+        ref, worker_config=wc(), batch_size=None, shuffle_buffer_size=None, max_samples_per_sequence=None,
+        repeat=False))}
+    unmatched = {f"s{i:05d}" for i in range(150) if i % 7 == 3}  # 21 keys; s00060 is excluded anyway
+    assert len(theirs) == 149 - len(unmatched)
+    if nonmatch == "none":
+        theirs.update({k: f"{s.text}|-" for k, s in energon_samples(text_ds).items() if k in unmatched})
+        assert len(theirs) == 149
+    ours = take(train_loader(path, batch_size=None, repeat=False, workers=2), 10 ** 6, lambda s: (s.__key__, s.text))
+    assert Counter(k for k, _ in ours) == Counter(theirs.keys())
+    assert dict(ours) == theirs
+
+
+@pytest.mark.contract("energon.metadataset")
+def test_join_without_a_match_is_refused_naming_the_key(text_ds, extra_ds, tmp_path):
+    import yaml
+
+    path = tmp_path / "join-error.yaml"
+    yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2", "splits": {"train": {
+        "join": [{"path": text_ds}, {"path": extra_ds}], "joiner": FN}}}, open(path, "w"))
+    with pytest.raises(Exception, match=r"s00003.*missing"):
+        train_loader(str(path), batch_size=None)
+
+
+@pytest.mark.contract("energon.metadataset", "energon.elastic")
+def test_join_resumes_elastically(text_ds, extra_ds, tmp_path):
+    path = _join_yaml(tmp_path, text_ds, extra_ds, "skip", FN)
+    _elastic(path, 4, (2, 2), [(1, 1), (4, 0)], batch_size=2)

@@ -25,6 +25,12 @@ def _open_sources(path, split_part, kwargs):
                     "split_part": split_part}]
     out = []
     for e in entries:
+        if e.get("join"):  # the core matches the members by key; _join.JoinFactory builds the samples
+            members = [open_dataset(m["path"], format="energon", split_part=m["split_part"], decode=False)
+                       for m in e["join"]["members"]]
+            out.append((efmt.JoinedWebdataset(members, [m["nonmatch"] for m in e["join"]["members"]],
+                                              name=f"join:{e['path']}"), e))
+            continue
         # Raw parts: the task encoder's own decoder (Energon's SampleDecoder) decodes them on the workers.
         open_kwargs = {"format": "energon", "split_part": e.get("split_part") or split_part, "decode": False}
         if e.get("subset"):
