@@ -280,3 +280,58 @@ def test_join_without_a_match_is_refused_naming_the_key(text_ds, extra_ds, tmp_p
 def test_join_resumes_elastically(text_ds, extra_ds, tmp_path):
     path = _join_yaml(tmp_path, text_ds, extra_ds, "skip", FN)
     _elastic(path, 4, (2, 2), [(1, 1), (4, 0)], batch_size=2)
+
+
+# -- JSONL datasets (Energon 7.2+: crude samples, cooked) -------------------------------------------------
+@ze.stateless
+def cook_jsonl(sample):
+    return me.TextSample(**ze.basic_sample_keys(sample), text=f"{sample['json']['text']}#{sample['json']['n']}")
+
+
+class JsonlTE(ze.DefaultTaskEncoder):
+    cookers = [ze.Cooker(cook_jsonl)]
+
+
+@pytest.fixture(scope="module")
+def jsonl_ds(tmp_path_factory):
+    """90 JSON objects in one .jsonl file (two blank lines, which are not samples), indexed by Energon's
+    own JSONL preparation (``energon prepare`` on a .jsonl file)."""
+    from megatron.energon.flavors.jsonl.jsonl_prepare import JsonlPreparator
+
+    path = tmp_path_factory.mktemp("energon_jsonl") / "docs.jsonl"
+    lines = [json.dumps({"text": f"doc {i} " + "xy" * (i % 5), "n": i}) for i in range(90)]
+    lines[10:10] = [""]
+    lines[50:50] = ["   "]
+    path.write_text("\n".join(lines) + "\n")
+    assert JsonlPreparator.prepare_dataset(path) == 90
+    return str(path)
+
+
+@pytest.mark.contract("energon.format", "energon.task_encoder")
+def test_jsonl_crude_samples_equal_energons(jsonl_ds, tmp_path):
+    """A .jsonl path (and a metadataset leaf naming it): each key's cooked sample, restore key and subflavors
+    equal Energon's; one pass is every line once."""
+    ref = {s.__key__: s for s in me.get_loader(me.get_train_dataset(
+        jsonl_ds, worker_config=wc(), batch_size=None, shuffle_buffer_size=None, max_samples_per_sequence=None,
+        repeat=False, task_encoder=JsonlTE()))}
+    assert sorted(ref, key=int) == [str(i) for i in range(90)]
+    meta = tmp_path / "jsonl.yaml"
+    meta.write_text(f"__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    path: {jsonl_ds}\n"
+                    f"    subflavors:\n      src: j\n")
+    theirs_meta = {s.__key__: s.__subflavors__ for s in me.get_loader(me.get_train_dataset(
+        str(meta), worker_config=wc(), batch_size=None, shuffle_buffer_size=None, max_samples_per_sequence=None,
+        repeat=False, task_encoder=JsonlTE()))}
+    for path, subflavors in ((jsonl_ds, None), (str(meta), theirs_meta)):
+        ours = take(train_loader(path, batch_size=None, repeat=False, workers=2, task_encoder=JsonlTE()), 10 ** 6,
+                    lambda s: s)
+        assert Counter(s.__key__ for s in ours) == Counter(ref.keys())
+        for s in ours:
+            r = ref[s.__key__]
+            assert type(s) is me.TextSample and s.text == r.text
+            assert tuple(s.__restore_key__) == tuple(r.__restore_key__[-2:])
+            assert s.__subflavors__ == (r.__subflavors__ if subflavors is None else subflavors[s.__key__])
+
+
+@pytest.mark.contract("energon.format", "energon.elastic")
+def test_jsonl_resumes_elastically(jsonl_ds):
+    _elastic(jsonl_ds, 4, (2, 2), [(1, 1), (4, 0)], batch_size=2, task_encoder=JsonlTE())

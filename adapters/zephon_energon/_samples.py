@@ -15,6 +15,7 @@ from megatron.energon.epathlib import EPath
 from megatron.energon.flavors.webdataset.field_access import field_access, split_field_access
 from megatron.energon.source_info import SourceInfo
 
+from zephon.formats.records import SRC
 from zephon.ops import Operator, RecordError
 
 from ._hooks import SKIP, call_hook, energon_context, expand_result, fn_name, overridden, qualname
@@ -91,6 +92,30 @@ class SampleFactory:
                                   f"({type(e).__name__}: {e}); parts present: {sorted(parts)}", record) from None
         return self.sample_type(__key__=key, __restore_key__=rk, __subflavors__=self.subflavors,
                                 __sources__=src, **values)
+
+
+class JsonlFactory:
+    """Crude samples of a JSONL file as Energon 7.2+'s ``DefaultCrudeJsonlDatasetFactory`` gives them:
+    ``CrudeSample(__key__=str(line index), json=the object, __restore_key__=("Webdataset", index),
+    __subflavors__)``; the task encoder's cookers turn them into samples."""
+
+    crude = True
+
+    def __init__(self, path: str, subflavors: dict | None = None):
+        self.path = str(path)
+        self.subflavors = dict(subflavors) if subflavors else None  # as Energon: None when none were given
+
+    def fingerprint(self) -> dict:
+        return {"jsonl": True, "subflavors": repr(sorted((self.subflavors or {}).items()))}
+
+    def __call__(self, record: dict, decoder=None):
+        index = int(record[SRC][2])  # one file is one shard: the sample index is the line's
+        name = self.path.rsplit("/", 1)[-1]
+        return CrudeSample(__key__=str(index), __shard__=name, __restore_key__=("Webdataset", index),
+                           __subflavors__=self.subflavors,
+                           __sources__=(SourceInfo(dataset_path=self.path, index=index, shard_name=name,
+                                                   file_names=(f"{index}.json",)),),
+                           json={k: v for k, v in record.items() if k != SRC})
 
 
 class EncodeSamples(Operator):

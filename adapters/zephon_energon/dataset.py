@@ -18,7 +18,7 @@ from ._group import GroupCriterion
 from ._hooks import fn_name, keep, overridden
 from ._join import JoinFactory
 from ._pack import TaskPack
-from ._samples import EncodeSamples, SampleFactory
+from ._samples import EncodeSamples, JsonlFactory, SampleFactory
 from .keywords import (DEFAULT_CANONICAL_REPLICAS, ZEPHON_KEYWORDS, RefusedKeyword, ZephonEnergonWarning,
                        check_worker_config, deprecated_keywords, error_handler, refuse)
 from .pipeline import EnergonDataset
@@ -41,7 +41,8 @@ def _build(path, *, split_part, worker_config, batch_size, batch_drop_last, pack
     if subflavors:  # Energon: the keyword merge-overrides the (meta)dataset's subflavors of every sample
         sources = [(ds, dict(e, subflavors={**(e.get("subflavors") or {}), **subflavors})) for ds, e in sources]
     datasets, weights, metas, quota = _weights(sources, repeat, zk.get("schedule_step_size"))
-    factories = [JoinFactory(ds, e) if e.get("join") else
+    factories = [JoinFactory(ds, e) if e.get("join") else JsonlFactory(e["path"], e.get("subflavors")) if e.get("jsonl")
+                 else
                  SampleFactory(e["path"], getattr(ds, "energon", {}) or {}, e.get("subflavors"))
                  for ds, e in zip(datasets, metas)]
     seed = int(getattr(worker_config, "seed_offset", 0) or 0)

@@ -18,13 +18,18 @@ def _open_sources(path, split_part, kwargs):
         raise ImportError("zephon.formats.energon (the Energon-prepared WebDataset reader) is missing") from e
 
     path = os.fspath(path)
-    if os.path.isfile(path):
+    if os.path.isfile(path) and path.endswith(".jsonl"):
+        entries = [efmt.jsonl_leaf(path)]
+    elif os.path.isfile(path):
         entries = efmt.load_metadataset(path, split_part)
     else:
         entries = [{"path": path, "weight": None, "subset": None, "repetitions": None, "subflavors": None,
                     "split_part": split_part}]
     out = []
     for e in entries:
+        if e.get("jsonl"):  # one file, one shard: the sample index is Energon's key
+            out.append((open_dataset(e["path"], format="jsonl"), e))
+            continue
         if e.get("join"):  # the core matches the members by key; _join.JoinFactory builds the samples
             members = [open_dataset(m["path"], format="energon", split_part=m["split_part"], decode=False)
                        for m in e["join"]["members"]]

@@ -19,7 +19,7 @@ from .braces import braceexpand
 from .dataset import FORMAT, PreparedWebdataset, open_energon
 from .fields import field_access, split_field_access
 from .join import JOIN, NONMATCH, JoinedWebdataset
-from .metadataset import load_metadataset
+from .metadataset import jsonl_leaf, load_metadataset
 from .nvmeta import (INDEX_SQLITE, INFO_JSON, INFO_YAML, MAIN_FOLDER, is_energon_source, read_dataset_config,
                      read_info, read_split, resolve_part_filter)
 from .reader import ShardMeta, TarShardReader
@@ -31,7 +31,7 @@ from .yamlio import load_yaml
 __all__ = ["DEFAULT_IMAGE_DECODE", "FORMAT", "IMAGE_SPECS", "INDEX_SQLITE", "INFO_JSON", "INFO_YAML", "ITAR_SUFFIX",
            "JOIN", "JoinedWebdataset", "MAIN_FOLDER", "NONMATCH", "PreparedWebdataset", "ShardMeta",
            "TarShardReader", "UnsafePartError", "as_subset", "braceexpand", "decode_part", "field_access",
-           "is_energon_source", "itar_path", "list_keys", "load_metadataset", "load_yaml", "merge_subset",
+           "is_energon_source", "itar_path", "jsonl_leaf", "list_keys", "load_metadataset", "load_yaml", "merge_subset",
            "open_energon", "parse_sample", "parse_subset", "read_dataset_config", "read_info", "read_split",
            "read_tar_index", "resolve_part_filter", "sample_key_at", "split_field_access", "split_name",
            "subset_bounds", "wds"]

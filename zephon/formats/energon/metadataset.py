@@ -94,12 +94,23 @@ def _node(node, yaml_path, split_part, subflavors, parent_subset, seen, where) -
     subset = merge_subset(node.get("subset"), parent_subset, where)
     if os.path.isfile(full) and full.endswith(".yaml"):
         return _split_of(full, sp, subflavors=sf, subset=subset, seen=seen)
+    if os.path.isfile(full) and full.endswith(".jsonl"):  # Energon 7.2+: a JSONL file read as crude data
+        if subset is not None:
+            raise ValueError(f"{where}: a subset of a JSONL dataset is not supported by zephon")
+        return [jsonl_leaf(full, sf)], "none"
     if not is_energon_source(full):
         raise ValueError(f"{where}: {full} is not an Energon-prepared dataset (no {MAIN_FOLDER}/; run "
                          f"`energon prepare`) nor a metadataset .yaml")
     return [{"path": full, "split_part": sp, "weight": None, "repetitions": None, "subset": subset,
              "subflavors": sf, "shuffle_over_epochs_multiplier": node.get("shuffle_over_epochs_multiplier", 1),
              "dataset_config": node.get("dataset_config"), "split_config": node.get("split_config")}], "none"
+
+
+def jsonl_leaf(path: str, subflavors=None) -> dict:
+    """The leaf of a JSONL file (Energon 7.2+ reads it whole as crude samples, ignoring split parts)."""
+    return {"path": path, "split_part": None, "weight": None, "repetitions": None, "subset": None,
+            "subflavors": dict(subflavors or {}), "shuffle_over_epochs_multiplier": 1, "dataset_config": None,
+            "split_config": None, "jsonl": True}
 
 
 def _join(node, yaml_path, split_part, subflavors, parent_subset, where) -> dict:
