@@ -7,6 +7,7 @@ composition rule); an uninterrupted single-rank run for elastic resumes (another
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 
 import pytest
@@ -335,3 +336,78 @@ def test_jsonl_crude_samples_equal_energons(jsonl_ds, tmp_path):
 @pytest.mark.contract("energon.format", "energon.elastic")
 def test_jsonl_resumes_elastically(jsonl_ds):
     _elastic(jsonl_ds, 4, (2, 2), [(1, 1), (4, 0)], batch_size=2, task_encoder=JsonlTE())
+
+
+# -- dataset.yaml Python hooks (sample_loader / part_filter) and crude datasets with cookers ----------------
+HOOKS = '''
+def load(raw):
+    return {"text": raw["txt"] + "/" + str(raw["json"]["n"]) + "/" + ",".join(sorted(k for k in raw if k[0] != "_"))}
+
+def parts(part):
+    return part != "json"
+'''
+
+
+@pytest.fixture(scope="module")
+def hook_ds(tmp_path_factory):
+    """The same text tars (txt + json parts) prepared twice: a TextSample dataset whose dataset.yaml names a
+    sample_loader and part_filter in .nv-meta/hooks.py, and a CrudeWebdataset with a part_filter function."""
+    import energon_data as E
+
+    out = {}
+    for kind, yaml_ in (("loader", {"sample_type": {"__module__": "megatron.energon", "__class__": "TextSample"},
+                                    "sample_loader": "hooks.py:load", "part_filter": ["txt", "json"]}),
+                        ("crude", {"__module__": "megatron.energon", "__class__": "CrudeWebdataset",
+                                   "part_filter": "hooks.py:parts", "subflavors": {"kind": "crude"}})):
+        root = str(tmp_path_factory.mktemp(f"energon_hooks_{kind}"))
+        E.write_text_tars(root, shards=3, per_shard=10)
+        E.energon_prepare(root, {"train": r".*"}, dataset_yaml=yaml_)
+        with open(os.path.join(root, ".nv-meta", "hooks.py"), "w") as f:
+            f.write(HOOKS)
+        out[kind] = root
+    return out
+
+
+@ze.stateless
+def cook_crude(sample):
+    parts = ",".join(sorted(k for k in sample if not k.startswith("__")))
+    return me.TextSample(**ze.basic_sample_keys(sample), text=f"{sample['txt']}|{parts}")
+
+
+class CrudeTE(ze.DefaultTaskEncoder):
+    cookers = [ze.Cooker(cook_crude, has_subflavors={"kind": "crude"})]
+
+
+def _by_key(path, te, ours: bool):
+    if ours:
+        return dict(take(train_loader(path, batch_size=None, repeat=False, workers=2, task_encoder=te,
+                                      canonical_replicas=4), 10 ** 6, lambda s: (s.__key__, s.text)))
+    return {s.__key__: s.text for s in me.get_loader(me.get_train_dataset(
+        path, worker_config=wc(), batch_size=None, shuffle_buffer_size=None, max_samples_per_sequence=None,
+        repeat=False, task_encoder=te))}
+
+
+@pytest.mark.contract("energon.format", "energon.task_encoder")
+@pytest.mark.parametrize("kind", ["loader", "crude"])
+def test_dataset_hooks_give_energons_samples(hook_ds, kind):
+    """sample_loader + part_filter (list), and a crude dataset's part_filter function + a cooker: each key's
+    sample equals Energon's (the hooks saw the same parts)."""
+    te = CrudeTE() if kind == "crude" else ze.DefaultTaskEncoder()
+    theirs = _by_key(hook_ds[kind], te, ours=False)
+    assert len(theirs) == 30 and all(("|txt" if kind == "crude" else "/json,txt") in t for t in theirs.values())
+    assert _by_key(hook_ds[kind], te, ours=True) == theirs
+
+
+@pytest.mark.contract("energon.elastic")
+def test_dataset_hook_module_is_part_of_the_fingerprint(hook_ds, tmp_path):
+    """A state saved with one hooks.py restores elastically with it, and is refused once the file changed."""
+    import shutil
+
+    root = str(tmp_path / "copy")
+    shutil.copytree(hook_ds["loader"], root)
+    states = _elastic(root, 4, (2, 2), [(1, 1)], batch_size=2)
+    with open(os.path.join(root, ".nv-meta", "hooks.py"), "a") as f:
+        f.write("\n# edited\n")
+    dl = train_loader(root, batch_size=2, canonical_replicas=4)
+    with pytest.raises(Exception, match=r"sample_loader\.sha256"):
+        dl.restore_state_global(states)

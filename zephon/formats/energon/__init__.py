@@ -9,7 +9,8 @@ tests use them as the reference). One module per job:
 - ``wds``: WebDataset member naming and part decoding; ``tar_index``: ``.tar.idx`` offsets, one sample's bytes;
 - ``reader``: random access to one tar shard; ``dataset``: ``open_energon`` -> ``PreparedWebdataset``;
 - ``subset`` and ``metadataset``: Metadataset v2 YAML (blend, blend_epochized, subset ranges, join);
-- ``join``: ``JoinedWebdataset``, samples of several prepared datasets matched by key.
+- ``join``: ``JoinedWebdataset``, samples of several prepared datasets matched by key;
+- ``pyhooks``: ``DatasetFunction``, a dataset.yaml ``sample_loader`` / ``part_filter`` function in ``.nv-meta/``.
 
 ``open_dataset(path, format="energon", split_part=..., subset=...)`` (or a root holding ``.nv-meta/``) reaches
 ``open_energon``. The user guide is docs/energon.md.
