@@ -1,6 +1,6 @@
 """Metadataset ``subset`` ranges (issue 12): plain entries, nested YAMLs, ``split_part`` and weighted ``blend``
-leaves give the samples megatron.energon 7.4's own loader gives for the same metadataset; and the refusal of
-fractional ``blend_epochized`` repetitions recommends a subset range that works.
+leaves give the samples megatron.energon 7.4's own loader gives for the same metadataset; and a subset range
+repeats a fixed part of a dataset as Energon does.
 
 Oracle: megatron.energon's loader (``get_val_dataset`` / ``get_train_dataset`` + ``get_loader``) and its
 ``DatasetSubset.compute_subset``, never our own parsing. Datasets are written with webdataset and prepared
@@ -177,18 +177,12 @@ def test_blend_leaf_subsets_equal_energons_merge(data, tmp_path):
         [(1, 13), (4, 16)]
 
 
-@pytest.mark.contract("energon.metadataset", "energon.keywords")
-def test_fractional_repetitions_refusal_recommends_a_subset_that_works(data, tmp_path):
-    """blend_epochized repetitions 1.5 are refused with a message pointing to a subset range; doing what it
-    says (1 repetition plus the same dataset again with subset [0%, 50%]) opens and yields one pass with
-    the per-key counts Energon's own loader gives for that metadataset."""
+@pytest.mark.contract("energon.metadataset")
+def test_subset_range_repeats_part_of_a_dataset_like_energon(data, tmp_path):
+    """A fixed part repeated (1 repetition plus the same dataset again with subset [0%, 50%], the alternative to
+    a fractional repetition that takes another part each epoch) yields one pass with the per-key counts
+    Energon's own loader gives for that metadataset."""
     ze = pytest.importorskip("zephon_energon")
-    frac = _yaml(tmp_path / "frac.yaml", {"train": {"blend_epochized": [
-        {"path": data["text"], "repetitions": 1.5}, {"path": data["other"], "repetitions": 1}]}})
-    with pytest.raises(ze.RefusedKeyword, match="subset range") as err:
-        ze.get_train_dataset(frac, worker_config=_wc(), batch_size=None, shuffle_buffer_size=None,
-                             max_samples_per_sequence=None)
-    assert "1.5" in str(err.value)
     fixed = _yaml(tmp_path / "fixed.yaml", {"train": {"blend_epochized": [
         {"path": data["text"], "repetitions": 1},
         {"path": data["text"], "repetitions": 1, "subset": {"range": ["0%", "50%"]}},

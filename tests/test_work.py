@@ -625,3 +625,22 @@ def test_small_permutations_are_not_biased_toward_identity(n):
     assert Counter(perms)[tuple(range(n))] <= max(3, 2 * expected)
     first = Counter(p[0] for p in perms)
     assert set(first) == set(range(n)) and max(first.values()) < 1.6 * 3000 / n
+
+
+def test_quota_pass_gives_each_dataset_its_draws_continuing_its_passes():
+    """exhaustion="quota": one pass = sum(weights) positions, dataset d exactly weights[d] draws from its own
+    endless stream of passes; the endless stream at the same weights gives the next quota in the next period."""
+    a, b = FakeDataset("a", [2, 2]), FakeDataset("b", [3])
+    one = global_stream(WorkSource([a, b], [6, 2], exhaustion="quota", canonical_replicas=3, chunk_size=1, seed=5))
+    assert len(one) == 8
+    per = Counter((d, p) for _, d, _, _, p in one)
+    assert per == Counter({(0, 0): 4, (0, 1): 2, (1, 0): 2})  # a: a pass and half the next; b: 2 of 3
+    assert Counter((d, s, i) for _, d, s, i, p in one if p == 0 and d == 0) == \
+        Counter((0, s, i) for s, i in natural_pointers([2, 2]))
+    endless = WorkSource([a, b], [6, 2], exhaustion="repeat", canonical_replicas=3, chunk_size=1, seed=5)
+    two = [t for t in global_stream(endless, 6) if t[0] < 16]
+    assert Counter(d for _, d, _, _, _ in two) == Counter({0: 12, 1: 4})  # a: 3 whole passes in two periods
+    assert Counter((d, p) for _, d, _, _, p in two if d == 0) == Counter({(0, 0): 4, (0, 1): 4, (0, 2): 4})
+    for bad in ([6, 2.5], [6, 0]):
+        with pytest.raises(ValueError, match="quota"):
+            WorkSource([a, b], bad, exhaustion="quota")

@@ -15,6 +15,8 @@ from megatron.energon.epathlib import EPath
 from megatron.energon.flavors.webdataset.field_access import field_access, split_field_access
 from megatron.energon.source_info import SourceInfo
 
+from zephon.formats.energon.pyhooks import DatasetFunction
+from zephon.formats.records import SRC
 from zephon.ops import Operator, RecordError
 
 from ._hooks import SKIP, call_hook, energon_context, expand_result, fn_name, overridden, qualname
@@ -48,12 +50,19 @@ class SampleFactory:
         self.subflavors.update(subflavors or {})
         self.sample_type = CrudeSample if self.crude else resolve_sample_type(meta.get("sample_type"))
         fm = meta.get("field_map")
-        if not self.crude and not fm:
-            raise ValueError(f"{self.path}: dataset.yaml has neither a field_map nor a crude sample type; "
-                             f"sample_loader/part_filter Python hooks are not supported by zephon_energon")
+        # dataset.yaml Python hooks (loaded as Energon loads them; run here, on the workers)
+        pf, sl = meta.get("part_filter"), meta.get("sample_loader")
+        self.part_fn = DatasetFunction(self.path, pf, "part_filter") if isinstance(pf, str) else None
+        self.loader = DatasetFunction(self.path, sl, "sample_loader") if sl and not self.crude else None
+        if self.loader is not None and pf is None:
+            raise ValueError(f"{self.path}: dataset.yaml has a sample_loader but no part_filter (Energon requires "
+                             f"both)")
+        if not self.crude and not fm and self.loader is None:
+            raise ValueError(f"{self.path}: dataset.yaml has neither a field_map, a sample_loader nor a crude sample "
+                             f"type")
         self.field_map = dict(fm or {})
         self._fields = {k: split_field_access(v) for k, v in self.field_map.items()}
-        if not self.crude:
+        if not self.crude and self.loader is None:
             names = {f.name for f in dataclasses.fields(self.sample_type)}
             extra = sorted(set(self._fields) - names)
             if extra:
@@ -62,10 +71,14 @@ class SampleFactory:
 
     def fingerprint(self) -> dict:
         return {"sample_type": qualname(self.sample_type), "field_map": self.field_map,
-                "subflavors": repr(sorted(self.subflavors.items())), "crude": self.crude}
+                "subflavors": repr(sorted(self.subflavors.items())), "crude": self.crude,
+                **{k: h.fingerprint() for k, h in (("sample_loader", self.loader), ("part_filter", self.part_fn))
+                   if h is not None}}
 
     def __call__(self, record: dict, decoder=None):
         parts = record["__parts__"]
+        if self.part_fn is not None:  # Energon filters the parts before decoding
+            parts = {k: v for k, v in parts.items() if self.part_fn(k)}
         if decoder is not None:  # Energon's own SampleDecoder on the raw parts (webdataset autodecode)
             try:
                 parts = decoder({"__key__": record["__key__"], **parts})
@@ -82,6 +95,16 @@ class SampleFactory:
         if self.crude:
             return CrudeSample(__key__=key, **parts, __restore_key__=rk, __subflavors__=self.subflavors,
                                __sources__=src)
+        if self.loader is not None:  # as Energon's DefaultGenericWebdatasetFactory with a sample_loader
+            raw = {"__key__": key, "__shard__": record.get("__shard__", ""), "__restore_key__": rk,
+                   "__sources__": src, **parts}
+            try:
+                values = self.loader(raw)
+            except Exception as e:
+                raise RecordError(f"sample {key!r}: sample_loader {self.loader.spec!r} failed: {type(e).__name__}: "
+                                  f"{e}", record) from None
+            return self.sample_type(**{"__key__": key, **values, "__restore_key__": rk,
+                                       "__subflavors__": self.subflavors, "__sources__": src})
         values = {}
         for name, access in self._fields.items():
             try:
@@ -91,6 +114,30 @@ class SampleFactory:
                                   f"({type(e).__name__}: {e}); parts present: {sorted(parts)}", record) from None
         return self.sample_type(__key__=key, __restore_key__=rk, __subflavors__=self.subflavors,
                                 __sources__=src, **values)
+
+
+class JsonlFactory:
+    """Crude samples of a JSONL file as Energon 7.2+'s ``DefaultCrudeJsonlDatasetFactory`` gives them:
+    ``CrudeSample(__key__=str(line index), json=the object, __restore_key__=("Webdataset", index),
+    __subflavors__)``; the task encoder's cookers turn them into samples."""
+
+    crude = True
+
+    def __init__(self, path: str, subflavors: dict | None = None):
+        self.path = str(path)
+        self.subflavors = dict(subflavors) if subflavors else None  # as Energon: None when none were given
+
+    def fingerprint(self) -> dict:
+        return {"jsonl": True, "subflavors": repr(sorted((self.subflavors or {}).items()))}
+
+    def __call__(self, record: dict, decoder=None):
+        index = int(record[SRC][2])  # one file is one shard: the sample index is the line's
+        name = self.path.rsplit("/", 1)[-1]
+        return CrudeSample(__key__=str(index), __shard__=name, __restore_key__=("Webdataset", index),
+                           __subflavors__=self.subflavors,
+                           __sources__=(SourceInfo(dataset_path=self.path, index=index, shard_name=name,
+                                                   file_names=(f"{index}.json",)),),
+                           json={k: v for k, v in record.items() if k != SRC})
 
 
 class EncodeSamples(Operator):

@@ -11,12 +11,14 @@ import warnings
 
 from megatron.energon import DefaultTaskEncoder
 
-from zephon.ops import Batch, Filter, Shuffle
+from zephon.ops import Batch, Filter, GroupBatch, Shuffle
 from zephon.work import TopologyError, lanes_for_rank
 
-from ._hooks import keep, overridden
+from ._group import GroupCriterion
+from ._hooks import fn_name, keep, overridden
+from ._join import JoinFactory
 from ._pack import TaskPack
-from ._samples import EncodeSamples, SampleFactory
+from ._samples import EncodeSamples, JsonlFactory, SampleFactory
 from .keywords import (DEFAULT_CANONICAL_REPLICAS, ZEPHON_KEYWORDS, RefusedKeyword, ZephonEnergonWarning,
                        check_worker_config, deprecated_keywords, error_handler, refuse)
 from .pipeline import EnergonDataset
@@ -38,8 +40,10 @@ def _build(path, *, split_part, worker_config, batch_size, batch_drop_last, pack
     sources = _open_sources(path, split_part, {}) if entries is None else entries
     if subflavors:  # Energon: the keyword merge-overrides the (meta)dataset's subflavors of every sample
         sources = [(ds, dict(e, subflavors={**(e.get("subflavors") or {}), **subflavors})) for ds, e in sources]
-    datasets, weights, metas = _weights(sources, repeat, zk.get("schedule_step_size"))
-    factories = [SampleFactory(e["path"], getattr(ds, "energon", {}) or {}, e.get("subflavors"))
+    datasets, weights, metas, quota = _weights(sources, repeat, zk.get("schedule_step_size"))
+    factories = [JoinFactory(ds, e) if e.get("join") else JsonlFactory(e["path"], e.get("subflavors")) if e.get("jsonl")
+                 else
+                 SampleFactory(e["path"], getattr(ds, "energon", {}) or {}, e.get("subflavors"))
                  for ds, e in zip(datasets, metas)]
     seed = int(getattr(worker_config, "seed_offset", 0) or 0)
     handler = error_handler(worker_config)
@@ -50,7 +54,14 @@ def _build(path, *, split_part, worker_config, batch_size, batch_drop_last, pack
         ops.append(Shuffle(int(shuffle_buffer_size), seed=seed))
     if packing_buffer_size is not None:
         ops.append(TaskPack(task_encoder, packing_buffer_size, seed_offset=seed, error_handler=handler))
-    ops.append(Batch(batch_size or 1, drop_last=bool(batch_drop_last)))
+    grouped = overridden(task_encoder, "batch_group_criterion")
+    if grouped:  # Energon's GroupBatchDataset: one bucket per group and lane; a lane step is one group batch
+        ops.append(GroupBatch(GroupCriterion(task_encoder, batch_size, seed_offset=seed, error_handler=handler),
+                              key_name=fn_name(task_encoder.batch_group_criterion), drop_last=bool(batch_drop_last),
+                              max_carry=int(zk.get("group_max_carry", 4096))))
+        ops.append(Batch(1, drop_last=False))
+    else:
+        ops.append(Batch(batch_size or 1, drop_last=bool(batch_drop_last)))
 
     total = sum(d.num_samples for d in datasets)
     R, chunk, assignment = _lane_layout(zk, worker_config, training, total, batch_size)
@@ -58,13 +69,14 @@ def _build(path, *, split_part, worker_config, batch_size, batch_drop_last, pack
     # buffer gets 4 fills between its forced flushes.
     span = int(zk.get("flush_span") or max(256, 4 * (packing_buffer_size or 0), shuffle_buffer_size or 0))
     loader_kwargs = dict(seed=seed, canonical_replicas=R, chunk_size=chunk, flush_span=span,
-                         shuffle=training, exhaustion="repeat" if (training and repeat) else "stop",
+                         shuffle=training, exhaustion="repeat" if (training and repeat) else
+                         "quota" if quota else "stop",
                          dp_degree=worker_config.world_size, dp_rank=worker_config.rank,
                          lane_assignment=assignment, pad_tail=False)  # TaskEncoder batches hold no padding
     ds = EnergonDataset(datasets=datasets, weights=weights, ops=ops, loader_kwargs=loader_kwargs,
                         worker_config=worker_config, task_encoder=task_encoder, batch_size=batch_size,
                         training=training, virtual_epoch_length=virtual_epoch_length, limit=limit,
-                        seed_offset=seed, sources=[e for _, e in sources])
+                        seed_offset=seed, sources=[e for _, e in sources], grouped=grouped)
     _check_lanes(ds, path, total, batch_size, explicit_replicas="canonical_replicas" in zk)
     return ds
 
@@ -92,9 +104,6 @@ def _take_keywords(kwargs: dict, task_encoder) -> tuple[dict, dict | None]:
     if kwargs:
         refuse(", ".join(sorted(kwargs)), "not an Energon keyword zephon_energon can honour "
                f"(Zephon extras: {', '.join(ZEPHON_KEYWORDS)})")
-    if overridden(task_encoder, "batch_group_criterion"):
-        refuse("task_encoder.batch_group_criterion", "grouped batching (GroupBatchDataset) is not supported: batches "
-               "are batch_size rows of one lane")
     return zk, subflavors
 
 

@@ -11,7 +11,9 @@ from megatron.energon.errors import reraise_exception
 
 #: Zephon keywords accepted on top of Energon's (documented in docs/energon.md).
 #: ``schedule_step_size``: samples per step of a metadataset's weight schedule (default: one batch per lane).
-ZEPHON_KEYWORDS = ("canonical_replicas", "chunk_size", "flush_span", "lane_assignment", "schedule_step_size")
+#: ``group_max_carry``: rows of short group buckets a lane carries across a flush sentinel (grouped batching).
+ZEPHON_KEYWORDS = ("canonical_replicas", "chunk_size", "flush_span", "lane_assignment", "schedule_step_size",
+                   "group_max_carry")
 DEFAULT_CANONICAL_REPLICAS = 64
 
 

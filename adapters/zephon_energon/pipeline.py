@@ -22,6 +22,7 @@ import gc
 from torch.utils.data import IterableDataset, get_worker_info
 
 from zephon.host import RankSession
+from zephon.ops import GROUP_ROWS
 
 from ._hooks import call_hook, energon_context, expand_result, overridden
 from .keywords import error_handler
@@ -35,7 +36,7 @@ class EnergonDataset(IterableDataset):
 
     def __init__(self, *, datasets, weights, ops, loader_kwargs, worker_config, task_encoder, batch_size,
                  training: bool, virtual_epoch_length: int = 0, limit=None, seed_offset: int = 0,
-                 gc_every: int = 0, sources=()):
+                 gc_every: int = 0, sources=(), grouped: bool = False):
         super().__init__()
         self.worker_config = worker_config
         self.task_encoder = task_encoder
@@ -46,6 +47,7 @@ class EnergonDataset(IterableDataset):
         self.seed_offset = seed_offset
         self.gc_every = gc_every
         self.sources = list(sources)
+        self.grouped = grouped  # batch_group_criterion: each lane micro-batch is one group batch (GROUP_ROWS)
         # Energon's data-parallel group is the set of ranks that must agree where a finite pass ends.
         self.session = RankSession.from_config(
             list(datasets), list(ops), weights=weights, **loader_kwargs,
@@ -79,9 +81,12 @@ class EnergonDataset(IterableDataset):
         self._since_gc += 1
         if self.gc_every and self._since_gc % self.gc_every == 0:
             gc.collect()
-        samples = list(mb["sample"])
-        if self.batch_size is None:
-            return samples
+        if self.grouped:
+            samples = [r["sample"] for r in mb[GROUP_ROWS][0]]
+        else:
+            samples = list(mb["sample"])
+            if self.batch_size is None:
+                return samples
         src = mb["__src__"][0]
         first = src[0][0] if isinstance(src, list) else src[3]
         record = {"__src__": src if not isinstance(src, list) else None}

@@ -21,7 +21,7 @@ from .mixture import Mixture, ScheduledMixture
 from .permute import IndexPermutation, derive_key
 from .schedule import Schedule, resume_horizon
 
-EXHAUSTION_POLICIES = ("repeat", "stop", "fill")
+EXHAUSTION_POLICIES = ("repeat", "stop", "fill", "quota")
 
 
 class PartialPassWarning(UserWarning):
@@ -71,7 +71,10 @@ class WorkSource:
         exhaustion: ``"repeat"`` (each dataset restarts with a new pass: an endless stream), ``"stop"``
             (the stream ends just before any dataset would start its second pass) or ``"fill"`` (as
             ``"stop"``, then extended to a multiple of ``fill_multiple`` positions by repeating the pass's
-            first positions' samples: Mosaic's epoch, every sample at least once).
+            first positions' samples: Mosaic's epoch, every sample at least once) or ``"quota"`` (the
+            weights are ints, each dataset's draws in one pass: the stream ends after ``sum(weights)`` positions,
+            dataset ``d`` having had exactly ``weights[d]`` draws from its own stream of shuffled passes, so a
+            weight of 1.5x its size reads it once and half again; Energon's ``blend_epochized`` epoch).
         fill_multiple: positions the ``"fill"`` stream's length is a multiple of (a global batch).
         step_size: positions per global step (the loader's ``global_batch_size``), used by a schedule only (its
             ``positions_per_step`` wins when set); a multiple of ``canonical_replicas``. A scheduled mixture
@@ -91,6 +94,7 @@ class WorkSource:
                  batching: str = "random"):
         weights = _checked_weights(datasets, weights)
         _check_options(seed, canonical_replicas, chunk_size, exhaustion, fill_multiple, shuffle_block_size)
+        self.quota = _checked_quota(weights) if exhaustion == "quota" else None
         self.datasets = list(datasets)
         self.shard_sizes = [np.asarray(d.shard_sizes, dtype=np.int64) for d in self.datasets]
         self.sizes = [int(s.sum()) for s in self.shard_sizes]
@@ -121,7 +125,7 @@ class WorkSource:
         self.total_positions = None if self.pass_positions is None else \
             -(-self.pass_positions // self.fill_multiple) * self.fill_multiple
         self.fill_positions = 0 if self.total_positions is None else self.total_positions - self.pass_positions
-        if self.pass_positions is not None:
+        if self.pass_positions is not None and self.quota is None:
             self._warn_partial_pass()
         self._pass_layout = lru_cache(maxsize=64)(self._pass_layout_uncached)
         self._shard_perm = lru_cache(maxsize=4096)(self._shard_perm_uncached)
@@ -207,6 +211,7 @@ class WorkSource:
             "shuffle_block_size": self.shuffle_block_size,
             "exhaustion": self.exhaustion,
             **({"fill_multiple": self.fill_multiple} if self.exhaustion == "fill" else {}),
+            **({"quota": self.quota} if self.quota is not None else {}),
             **({"weights": "schedule", "schedule": {**self.schedule.to_dict(), "positions_per_step": self.step_size}}
                if self.schedule is not None else {"weights": self.mixture.weights}),
             **({"batching": self.batching, "step_size": self.step_size} if self.batching != "random" else {}),
@@ -215,7 +220,10 @@ class WorkSource:
 
     # -- stream length ------------------------------------------------------------------------
     def _stop_length(self) -> int:
-        """Largest T such that no dataset gets more than one pass of draws among positions [0, T)."""
+        """Largest T such that no dataset gets more than one pass of draws among positions [0, T) (with a quota:
+        the quotas' sum, after which each dataset has had exactly its quota: ``Mixture`` is exact at its period)."""
+        if self.quota is not None:
+            return sum(self.quota)
         limits = []
         for d, n in enumerate(self.sizes):
             lo, hi = 0, 1
@@ -374,6 +382,14 @@ def _checked_weights(datasets, weights):
     elif len(weights) != len(datasets):
         raise ValueError(f"{len(weights)} mixture weights for {len(datasets)} datasets")
     return weights
+
+
+def _checked_quota(weights) -> list[int]:
+    """``exhaustion="quota"``'s weights: draws per dataset in one pass. Raises ValueError unless ints >= 1."""
+    if isinstance(weights, Schedule) or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1
+                                                for w in weights):
+        raise ValueError(f"exhaustion='quota' needs one int >= 1 per dataset (its draws in one pass), got {weights!r}")
+    return [int(w) for w in weights]
 
 
 def _check_options(seed, canonical_replicas, chunk_size, exhaustion, fill_multiple, shuffle_block_size) -> None:

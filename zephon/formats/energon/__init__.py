@@ -8,7 +8,9 @@ tests use them as the reference). One module per job:
 - ``nvmeta``: the ``.nv-meta/`` folder (``.info.json``, ``split.yaml``, ``dataset.yaml``);
 - ``wds``: WebDataset member naming and part decoding; ``tar_index``: ``.tar.idx`` offsets, one sample's bytes;
 - ``reader``: random access to one tar shard; ``dataset``: ``open_energon`` -> ``PreparedWebdataset``;
-- ``subset`` and ``metadataset``: Metadataset v2 YAML (blend, blend_epochized, subset ranges).
+- ``subset`` and ``metadataset``: Metadataset v2 YAML (blend, blend_epochized, subset ranges, join);
+- ``join``: ``JoinedWebdataset``, samples of several prepared datasets matched by key;
+- ``pyhooks``: ``DatasetFunction``, a dataset.yaml ``sample_loader`` / ``part_filter`` function in ``.nv-meta/``.
 
 ``open_dataset(path, format="energon", split_part=..., subset=...)`` (or a root holding ``.nv-meta/``) reaches
 ``open_energon``. The user guide is docs/energon.md.
@@ -17,7 +19,8 @@ from . import wds
 from .braces import braceexpand
 from .dataset import FORMAT, PreparedWebdataset, open_energon
 from .fields import field_access, split_field_access
-from .metadataset import load_metadataset
+from .join import JOIN, NONMATCH, JoinedWebdataset
+from .metadataset import jsonl_leaf, load_metadataset
 from .nvmeta import (INDEX_SQLITE, INFO_JSON, INFO_YAML, MAIN_FOLDER, is_energon_source, read_dataset_config,
                      read_info, read_split, resolve_part_filter)
 from .reader import ShardMeta, TarShardReader
@@ -27,8 +30,9 @@ from .wds import DEFAULT_IMAGE_DECODE, IMAGE_SPECS, UnsafePartError, decode_part
 from .yamlio import load_yaml
 
 __all__ = ["DEFAULT_IMAGE_DECODE", "FORMAT", "IMAGE_SPECS", "INDEX_SQLITE", "INFO_JSON", "INFO_YAML", "ITAR_SUFFIX",
-           "MAIN_FOLDER", "PreparedWebdataset", "ShardMeta", "TarShardReader", "UnsafePartError", "as_subset",
-           "braceexpand", "decode_part", "field_access", "is_energon_source", "itar_path", "list_keys",
-           "load_metadataset", "load_yaml", "merge_subset", "open_energon", "parse_sample", "parse_subset",
-           "read_dataset_config", "read_info", "read_split", "read_tar_index", "resolve_part_filter", "sample_key_at",
-           "split_field_access", "split_name", "subset_bounds", "wds"]
+           "JOIN", "JoinedWebdataset", "MAIN_FOLDER", "NONMATCH", "PreparedWebdataset", "ShardMeta",
+           "TarShardReader", "UnsafePartError", "as_subset", "braceexpand", "decode_part", "field_access",
+           "is_energon_source", "itar_path", "jsonl_leaf", "list_keys", "load_metadataset", "load_yaml", "merge_subset",
+           "open_energon", "parse_sample", "parse_subset", "read_dataset_config", "read_info", "read_split",
+           "read_tar_index", "resolve_part_filter", "sample_key_at", "split_field_access", "split_name",
+           "subset_bounds", "wds"]

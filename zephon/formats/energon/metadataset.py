@@ -38,8 +38,10 @@ def load_metadataset(path, split_part: str = "train") -> list[dict]:
 
     Nested metadatasets (a ``path`` ending in ``.yaml``) are followed; relative paths resolve against the
     directory of the YAML that names them.
+    A ``join`` node gives one leaf (its primary's path and split part) with ``"join"`` (see ``_join``).
     Raises DataError naming the YAML for: not a MetadatasetV2 (v1 ``Metadataset`` files are refused), an
-    unknown split, ``join`` (not supported), mixing ``blend`` with ``blend_epochized``, a weight schedule in
+    unknown split, a join without a joiner or with a subset,
+    mixing ``blend`` with ``blend_epochized``, a weight schedule in
     a nested blend or a ``blend_epochized`` (Zephon supports them in the outermost blend), bad weights or
     subsets, a leaf that is neither an Energon dataset root nor a metadataset, a YAML including itself.
     """
@@ -75,7 +77,7 @@ def _node(node, yaml_path, split_part, subflavors, parent_subset, seen, where) -
     if not isinstance(node, dict):
         raise ValueError(f"{where}: expected a mapping, got {node!r}")
     if "join" in node:
-        raise ValueError(f"{where}: join metadatasets are not supported")
+        return [_join(node, yaml_path, split_part, subflavors, parent_subset, where)], "none"
     if "blend" in node or "blend_epochized" in node:
         return _blend(node, yaml_path, split_part, subflavors, parent_subset, seen, where)
     if "path" not in node:
@@ -92,12 +94,59 @@ def _node(node, yaml_path, split_part, subflavors, parent_subset, seen, where) -
     subset = merge_subset(node.get("subset"), parent_subset, where)
     if os.path.isfile(full) and full.endswith(".yaml"):
         return _split_of(full, sp, subflavors=sf, subset=subset, seen=seen)
+    if os.path.isfile(full) and full.endswith(".jsonl"):  # Energon 7.2+: a JSONL file read as crude data
+        if subset is not None:
+            raise ValueError(f"{where}: a subset of a JSONL dataset is not supported by zephon")
+        return [jsonl_leaf(full, sf)], "none"
     if not is_energon_source(full):
         raise ValueError(f"{where}: {full} is not an Energon-prepared dataset (no {MAIN_FOLDER}/; run "
                          f"`energon prepare`) nor a metadataset .yaml")
     return [{"path": full, "split_part": sp, "weight": None, "repetitions": None, "subset": subset,
              "subflavors": sf, "shuffle_over_epochs_multiplier": node.get("shuffle_over_epochs_multiplier", 1),
              "dataset_config": node.get("dataset_config"), "split_config": node.get("split_config")}], "none"
+
+
+def jsonl_leaf(path: str, subflavors=None) -> dict:
+    """The leaf of a JSONL file (Energon 7.2+ reads it whole as crude samples, ignoring split parts)."""
+    return {"path": path, "split_part": None, "weight": None, "repetitions": None, "subset": None,
+            "subflavors": dict(subflavors or {}), "shuffle_over_epochs_multiplier": 1, "dataset_config": None,
+            "split_config": None, "jsonl": True}
+
+
+def _join(node, yaml_path, split_part, subflavors, parent_subset, where) -> dict:
+    """The leaf of a ``join`` node: the primary's leaf fields plus ``"join": {"members": [{"path", "split_part",
+    "nonmatch"}], "names": None | [member names] (a dict join), "joiner": the YAML joiner spec}``."""
+    join, joiner = node["join"], node.get("joiner")
+    if not isinstance(joiner, dict) or "__module__" not in joiner:
+        raise ValueError(f"{where}.joiner: a join needs a joiner ({{__module__, __class__}} of a Sample type or "
+                         f"{{__module__, __function__}})")
+    names = list(join) if isinstance(join, dict) else None
+    refs = list(join.values()) if isinstance(join, dict) else join
+    if not isinstance(refs, list) or len(refs) < 2:
+        raise ValueError(f"{where}.join: expected a list or mapping of at least two dataset references")
+    if node.get("subset") is not None or parent_subset is not None:
+        raise ValueError(f"{where}: a subset of a join is not supported by zephon; subset the primary dataset's "
+                         f"split instead")
+    sp = node.get("split_part") or split_part
+    members = []
+    for j, ref in enumerate(refs):
+        w = f"{where}.join[{names[j] if names else j}]"
+        if not isinstance(ref, dict) or not isinstance(ref.get("path"), str):
+            raise ValueError(f"{w}: expected a dataset reference with path")
+        full = os.path.normpath(ref["path"] if os.path.isabs(ref["path"]) else
+                                os.path.join(os.path.dirname(yaml_path), ref["path"]))
+        if not is_energon_source(full):
+            raise ValueError(f"{w}: {full} is not an Energon-prepared dataset (a join takes prepared datasets only)")
+        members.append({"path": full, "split_part": ref.get("split_part") or sp,
+                        "nonmatch": ref.get("nonmatch", "error")})
+    own_sf = node.get("subflavors")
+    if own_sf is not None and not isinstance(own_sf, dict):
+        raise ValueError(f"{where}.subflavors must be a mapping")
+    return {"path": members[0]["path"], "split_part": members[0]["split_part"], "weight": None, "repetitions": None,
+            "subset": None, "subflavors": {**(own_sf or {}), **(subflavors or {})},
+            "shuffle_over_epochs_multiplier": node.get("shuffle_over_epochs_multiplier", 1),
+            "dataset_config": None, "split_config": None,
+            "join": {"members": members, "names": names, "joiner": dict(joiner)}}
 
 
 def _blend(node, yaml_path, split_part, subflavors, parent_subset, seen, where) -> tuple[list[dict], str]:
