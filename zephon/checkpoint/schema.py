@@ -13,11 +13,16 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from .skips import SKIPS_KEY
+
 FORMAT = "zephon-checkpoint/1"
 LANE_KEYS = ("lane", "sentinel_chunk", "sentinel_offset", "replay_cursor", "delivered_rows")
 #: Optional lane entry key: ``{chain index (str): [[ref, ...] per open bin]}``, a ref being a stream
 #: position (int) or ``[position, piece]``: what an accumulator carried into the span (``engine.lane``).
 CARRY_KEY = "carry"
+#: Optional lane entry key: stream rows left out by skipped steps (``LaneCursor.skipped_rows``), when any.
+SKIPPED_KEY = "skipped_rows"
+OPTIONAL_KEYS = (CARRY_KEY, SKIPPED_KEY)
 MAX_CARRIED = 1 << 16  # refs per lane entry: far above any Pack(max_carry); a bound against garbage
 #: Version of the algorithms that turn a config into streams (index permutation, mixture allocation,
 #: chunking, shuffle hash, packing; pinned by tests/test_golden.py). It is part of every config and so of
@@ -41,7 +46,9 @@ class LaneCursor:
     replay_cursor: rows of that span already delivered (a resume regenerates the span and skips them).
     delivered_rows: rows of the lane delivered since the start of the run.
     carry: what accumulators carried into that span (see ``CARRY_KEY``), or None.
-    JSON form: a dict with these keys, ``carry`` only when set (``to_dict`` / ``from_dict``)."""
+    skipped_rows: stream rows of the lane left out by skipped steps (``checkpoint.skips``) before its last
+        delivered row; the lane's next stream row is ``delivered_rows + skipped_rows`` (``stream_rows``).
+    JSON form: a dict with these keys, ``carry`` and ``skipped_rows`` only when set (``to_dict`` / ``from_dict``)."""
 
     lane: int
     sentinel_chunk: int = 0
@@ -49,6 +56,7 @@ class LaneCursor:
     replay_cursor: int = 0
     delivered_rows: int = 0
     carry: dict | None = None
+    skipped_rows: int = 0
 
     @classmethod
     def fresh(cls, lane: int) -> "LaneCursor":
@@ -57,29 +65,31 @@ class LaneCursor:
 
     @classmethod
     def at_span(cls, lane: int, span_index: int, replay_cursor: int, delivered_rows: int, *, span: int,
-                chunk_size: int, carry: dict | None = None) -> "LaneCursor":
+                chunk_size: int, carry: dict | None = None, skipped_rows: int = 0) -> "LaneCursor":
         """The cursor of ``lane`` inside its flush span number ``span_index``.
 
         replay_cursor: rows of that span delivered; delivered_rows: rows of the lane delivered in all;
         span: pointers per flush span; chunk_size: pointers per chunk; carry: see ``CARRY_KEY`` (None or empty:
-        nothing carried)."""
+        nothing carried); skipped_rows: see the class."""
         chunk, offset = divmod(span_index * span, chunk_size)
-        return cls(lane, chunk, offset, replay_cursor, delivered_rows, carry or None)
+        return cls(lane, chunk, offset, replay_cursor, delivered_rows, carry or None, skipped_rows)
 
     @classmethod
     def from_dict(cls, entry) -> "LaneCursor":
         """Parse a checkpoint lane entry. Raises ``CheckpointError`` naming the entry when keys or values
         are wrong (non-negative integers; ``replay_cursor <= delivered_rows``)."""
-        if not isinstance(entry, dict) or sorted(k for k in entry if k != CARRY_KEY) != sorted(LANE_KEYS):
+        if not isinstance(entry, dict) or sorted(k for k in entry if k not in OPTIONAL_KEYS) != sorted(LANE_KEYS):
             raise CheckpointError(f"malformed lane entry {entry!r}; expected keys {LANE_KEYS} (and optionally "
-                                  f"{CARRY_KEY!r})")
-        if not all(type(entry[k]) is int and 0 <= entry[k] < 1 << 62 for k in LANE_KEYS):
+                                  f"{', '.join(map(repr, OPTIONAL_KEYS))})")
+        ints = LANE_KEYS + ((SKIPPED_KEY,) if SKIPPED_KEY in entry else ())
+        if not all(type(entry[k]) is int and 0 <= entry[k] < 1 << 62 for k in ints):
             raise CheckpointError(f"lane entry {entry!r}: values must be non-negative integers")
-        if entry["replay_cursor"] > entry["delivered_rows"]:
+        if entry["replay_cursor"] > entry["delivered_rows"] + entry.get(SKIPPED_KEY, 0):
             raise CheckpointError(f"lane entry {entry!r}: replay_cursor exceeds delivered_rows")
         if CARRY_KEY in entry:
             _check_carry(entry)
-        return cls(**{k: entry[k] for k in LANE_KEYS}, carry=entry.get(CARRY_KEY))
+        return cls(**{k: entry[k] for k in LANE_KEYS}, carry=entry.get(CARRY_KEY),
+                   skipped_rows=entry.get(SKIPPED_KEY, 0))
 
     def to_dict(self) -> dict:
         """The checkpoint lane entry (keys in ``LANE_KEYS`` order, ``carry`` only when set; ``carry`` is
@@ -88,7 +98,14 @@ class LaneCursor:
              "replay_cursor": self.replay_cursor, "delivered_rows": self.delivered_rows}
         if self.carry is not None:
             d[CARRY_KEY] = self.carry
+        if self.skipped_rows:
+            d[SKIPPED_KEY] = self.skipped_rows
         return d
+
+    @property
+    def stream_rows(self) -> int:
+        """The lane's next row in the uninterrupted stream: rows delivered plus rows skipped."""
+        return self.delivered_rows + self.skipped_rows
 
     def step(self, rows_per_lane_step: int) -> int:
         """The step the lane's next row belongs to (``rows_per_lane_step``: rows a lane gives per step)."""
@@ -148,9 +165,18 @@ def _without_schedule(config):
     return {**config, "work": {k: v for k, v in config["work"].items() if k != "schedule"}}
 
 
+def _without_skips(config):
+    """``config`` without its skipped step ranges (``skips.SKIPS_KEY``): a resume adds them, so a checkpoint's are
+    compared by the loader (``LoaderPlan.with_restored_skips``), not by the fingerprint."""
+    if not isinstance(config, dict) or SKIPS_KEY not in config:
+        return config
+    return {k: v for k, v in config.items() if k != SKIPS_KEY}
+
+
 def config_digest(config: dict) -> str:
-    """The config fingerprint: ``digest`` of the config without its mixture schedule (see ``_without_schedule``)."""
-    return digest(_without_schedule(config))
+    """The config fingerprint: ``digest`` of the config without its mixture schedule (see ``_without_schedule``)
+    and skipped steps (``_without_skips``)."""
+    return digest(_without_skips(_without_schedule(config)))
 
 
 def summarize_config(config: dict) -> dict:
@@ -259,7 +285,7 @@ def _check_derived(state: dict, summary: dict, lanes_list: list, schedule_checke
     refused instead of being read by whoever trusts, say, ``step``. ``schedule_checked``: the mixture
     schedule is left to the caller's ``resume_check``."""
     summary = json.loads(canonical_json(summary))  # as it reads back from JSON (tuples become lists)
-    strip = _without_schedule if schedule_checked else (lambda c: c)
+    strip = (lambda c: _without_skips(_without_schedule(c))) if schedule_checked else _without_skips
     if strip(state.get("config")) != strip(summary):
         diffs = config_diff(summary, state.get("config", {}))
         raise CheckpointError("checkpoint config summary was edited (the fingerprint matches this loader, the "

@@ -64,10 +64,12 @@ class LanePipeline:
     ``chain``: operators after the worker stage, in order (accumulators get one instance per lane;
     stateless ones run inline here). ``start``: the lane's ``LaneCursor`` (a checkpoint's) or None (fresh).
     ``ledger``: the loader's ``stage.SkipLedger`` (per-dataset skip limits) or None. ``dry_limit``: pointers the
-    lane may release without producing a row before that is an error (None: no limit; see ``Loader``)."""
+    lane may release without producing a row before that is an error (None: no limit; see ``Loader``).
+    ``skipped``: ``(start, stop)`` ranges of the lane's stream rows not to deliver (skipped steps); they count in
+    the replay cursor and in ``LaneCursor.skipped_rows``, not in ``delivered_rows``."""
 
     def __init__(self, lane: int, source, chain_ops, datasets, *, span: int, unit_size: int,
-                 start: LaneCursor | None = None, ledger=None, dry_limit: int | None = None):
+                 start: LaneCursor | None = None, ledger=None, dry_limit: int | None = None, skipped=()):
         self.lane = lane
         self.source = source
         self.datasets = datasets
@@ -82,10 +84,14 @@ class LanePipeline:
             raise ValueError(f"lane {lane}: sentinel at pointer {first} is not a multiple of the flush span {span}")
         self.span_index = first // span                              # span being produced
         # (span of the next row to deliver, rows of that span delivered, rows delivered in all (padding included),
-        # buffered rows taken by this pipeline): one tuple, so a delivery commits with a single attribute store
-        # that no signal can split (see ``cursor_after``); ``drop`` then frees the taken rows, idempotently.
-        self.cursor = (self.span_index, start.replay_cursor, start.delivered_rows, 0)
-        self.queued = 0  # rows ever put in the buffer: each buffered row is (span, row, its index among them)
+        # buffered rows taken by this pipeline, stream rows skipped): one tuple, so a delivery commits with a single
+        # attribute store that no signal can split (see ``cursor_after``); ``drop`` then frees the taken rows.
+        self.cursor = (self.span_index, start.replay_cursor, start.delivered_rows, 0, start.skipped_rows)
+        # rows ever put in the buffer: each buffered row is (span, row, its index among them, its index in its span
+        # plus one, stream rows skipped before it)
+        self.queued = 0
+        self.skipped_ranges = list(skipped)
+        self.stream_row, self.skipped_rows = start.stream_rows, start.skipped_rows  # of the next row produced
         self.replay_span, self.replay_skip = self.span_index, start.replay_cursor
         self.replayed_rows = 0
         self.produced = 0        # rows produced in this span so far
@@ -303,14 +309,19 @@ class LanePipeline:
             if self.span_index == self.replay_span and self.produced <= self.replay_skip:
                 self.replayed_rows += 1  # delivered before the checkpoint: regenerate, don't repeat
                 continue
-            self.rows.append((self.span_index, row, self.queued))
+            o = self.stream_row
+            self.stream_row += 1
+            if any(lo <= o < hi for lo, hi in self.skipped_ranges):
+                self.skipped_rows += 1  # a skipped step's row: consumed, never delivered
+                continue
+            self.rows.append((self.span_index, row, self.queued, self.produced, self.skipped_rows))
             self.queued += 1
 
     # -- tail side ----------------------------------------------------------------------------
     def peek(self, n: int) -> list:
         """The next ``n`` rows (fewer at the end) without taking them: they count as delivered only once
         ``take`` commits them (after the consumer has the micro-batch built from them)."""
-        return [row for _, row, _ in islice(self.rows, n)]
+        return [r[1] for r in islice(self.rows, n)]
 
     @property
     def cursor_span(self) -> int:
@@ -324,17 +335,15 @@ class LanePipeline:
     def delivered_rows(self) -> int:
         return self.cursor[2]
 
-    def cursor_after(self, n: int, pad: int = 0) -> tuple[int, int, int, int]:
+    def cursor_after(self, n: int, pad: int = 0) -> tuple[int, int, int, int, int]:
         """``cursor`` once the next ``n`` buffered rows (fewer at the end) and ``pad`` padding rows are
         delivered; nothing changes now. Committing is ``lane.cursor = that``, then ``drop()``."""
-        s, r, total, taken = self.cursor
-        for span, _, _ in islice(self.rows, n):
-            if span != s:
-                s, r = span, 0
-            r += 1
+        s, r, total, taken, skipped = self.cursor
+        for span, _, _, r, skipped in islice(self.rows, n):
+            s = span
             total += 1
             taken += 1
-        return s, r, total + pad, taken
+        return s, r, total + pad, taken, skipped
 
     def drop(self) -> None:
         """Free the buffered rows ``cursor`` counts as taken (idempotent; an interrupt here loses nothing:
@@ -358,11 +367,11 @@ class LanePipeline:
 
     def lane_cursor(self, cursor: tuple | None = None) -> LaneCursor:
         """This lane's ``cursor`` (default: the current one) as a ``LaneCursor`` (what a checkpoint holds)."""
-        s, r, total, _ = self.cursor if cursor is None else cursor
+        s, r, total, _, skipped = self.cursor if cursor is None else cursor
         if self.sealed_rows.get(s) == r:  # that span is fully delivered: resume at the next one
             s, r = s + 1, 0
         return LaneCursor.at_span(self.lane, s, r, total, span=self.span, chunk_size=self.cs,
-                                  carry=self.carried.get(s))
+                                  carry=self.carried.get(s), skipped_rows=skipped)
 
     def state(self, cursor: tuple | None = None) -> dict:
         """``lane_cursor(cursor)`` as a checkpoint lane entry (plain JSON data, as a micro-batch carries it)."""

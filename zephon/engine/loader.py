@@ -11,6 +11,8 @@ import logging
 import weakref
 
 from .. import checkpoint as ckpt
+from ..checkpoint.skips import stream_ranges
+from .explain import explain
 from .lane import LanePipeline
 from .plan import LoaderPlan
 from .runners import RUNNERS, Runner, check_main_guarded, make_runner
@@ -195,13 +197,26 @@ class Loader:
             entries = ckpt.initial_lanes(self.lanes)
         return self.plan.make_state(entries)
 
-    def restore(self, state: dict) -> None:
+    def restore(self, state: dict, skip_steps=None) -> None:
         """Validate ``state`` now (raises ``CheckpointError`` saying what differs or which lanes are
-        missing); apply it when iteration next starts. A global (merged) or this rank's own state."""
-        by_lane = self.plan.validate(state, self.lanes)
+        missing); apply it when iteration next starts. A global (merged) or this rank's own state.
+
+        skip_steps: ``(a, b)`` (or a list of them): the global steps ``a..b-1`` are not delivered, step ``a``
+            delivers what ``b`` would have (steps as training counts them). The checkpoint's own skips are kept;
+            later checkpoints record them all (``LoaderPlan.with_restored_skips``, which raises ``CheckpointError``
+            for a skip that starts before the checkpoint's step)."""
+        plan = self.plan.with_restored_skips(state, skip_steps)
+        by_lane = plan.validate(state, self.lanes)
+        self.plan = plan
         self._pending = {lane: by_lane[lane] for lane in self.lanes}
         self.tail.handed = None  # the restored state replaces what was delivered
         self._generation += 1
+
+    def explain(self, steps, state: dict | None = None, text_field: str | None = None) -> dict:
+        """Every row of the global batches of ``steps`` (a step or a range): lane, micro-batch, and each source
+        document piece it holds, computed from the config (``engine.explain.explain``, which documents the
+        arguments and the result); this loader's skipped steps apply."""
+        return explain(self.plan, steps, state=state, text_field=text_field)
 
     # -- iteration ------------------------------------------------------------------------------
     def _start(self) -> None:
@@ -215,9 +230,11 @@ class Loader:
             self._runner = make_runner(self._runner_spec, self.stage, self.num_workers)
             self._stop_runner = weakref.finalize(self, self._runner.close)
         ledger, dry_limit = self._new_ledger(), self._dry_limit()
+        rps = self.rows_per_lane_step
+        skipped = [(lo * rps, hi * rps) for lo, hi in stream_ranges(self.plan.skips)]
         self._state = {lane: LanePipeline(lane, self.source, self.chain_ops, self.datasets, span=self.flush_span,
                                        unit_size=self.unit_size, start=entries.get(lane), ledger=ledger,
-                                       dry_limit=dry_limit) for lane in self.lanes}
+                                       dry_limit=dry_limit, skipped=skipped) for lane in self.lanes}
 
     def _new_ledger(self) -> SkipLedger:
         """Per-dataset skip accounting for one iteration (``stage.SkipLedger``)."""

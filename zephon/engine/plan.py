@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from .. import checkpoint as ckpt
+from ..checkpoint.skips import SKIPS_KEY, add_skip, check_skip, check_skips, skipped_rows
 from ..ops.batch import Batch
 from ..work import WorkSource, check_share_rows, lane_share, lanes_for_rank
 from .checks import check_datasets, check_finite_lanes, check_ops
@@ -32,7 +33,8 @@ class LoaderPlan:
     ``lane_shares`` (ranks sharing each lane, 1 when a rank owns whole lanes), ``share_index`` (this rank's
     block of a shared lane's steps), ``rows_per_rank_step`` (rows of a lane step this rank delivers),
     ``stage`` (datasets and the stateless operators run on workers), ``chain_ops`` (operators run on the pump
-    from the first accumulator on), ``config`` (plain data), ``fingerprint`` (its digest), ``summary``.
+    from the first accumulator on), ``config`` (plain data), ``fingerprint`` (its digest), ``summary``,
+    ``skips`` (skipped step ranges ``[[a, b], ...]`` a resume added, ``checkpoint.skips``; in ``config`` when any).
     The lists and dicts are the plan's own: read them, never change them."""
 
     datasets: list
@@ -58,6 +60,7 @@ class LoaderPlan:
     config: dict
     fingerprint: str
     summary: dict
+    skips: list = dataclasses.field(default_factory=list)
 
     @classmethod
     def build(cls, datasets, ops, *, weights=None, seed: int = 0, canonical_replicas: int = 8,
@@ -151,6 +154,46 @@ class LoaderPlan:
         phrase per difference (``checkpoint.config_diff``); empty when the summaries agree."""
         return ckpt.config_diff(self.summary, summary)
 
+    def with_skips(self, skips) -> LoaderPlan:
+        """This plan with the skipped step ranges ``skips`` (``[[a, b], ...]`` in the order added, see
+        ``checkpoint.skips``) instead of its own; the fingerprint stays."""
+        skips = [list(s) for s in skips]
+        config = {k: v for k, v in self.config.items() if k != SKIPS_KEY}
+        if skips:
+            config[SKIPS_KEY] = skips
+        return dataclasses.replace(self, skips=skips, config=config, summary=ckpt.summarize_config(config))
+
+    def skips_of(self, state: dict | None) -> list:
+        """The skipped step ranges of checkpoint ``state`` (this plan's for None). Raises ``CheckpointError``
+        for a malformed list."""
+        if state is None:
+            return [list(s) for s in self.skips]
+        try:
+            return check_skips((state.get("config") or {}).get(SKIPS_KEY, []))
+        except ValueError as e:
+            raise ckpt.CheckpointError(f"checkpoint: {e}") from None
+
+    def with_restored_skips(self, state: dict, skip_steps=None) -> LoaderPlan:
+        """The plan a restore of ``state`` runs: this one with the checkpoint's skipped steps, plus ``skip_steps``
+        (``(a, b)`` or a list of them, all in the step numbers of the resumed run: global steps ``a..b-1`` are not
+        delivered, step ``a`` delivers what ``b`` would have). Raises ``CheckpointError`` for a skip that starts
+        before the checkpoint's step (naming it) or a malformed one."""
+        skips = self.skips_of(state)
+        if skip_steps is not None:
+            many = isinstance(skip_steps, (list, tuple)) and skip_steps and isinstance(skip_steps[0], (list, tuple))
+            rps = self.rows_per_lane_step
+            lanes = state.get("lanes") if isinstance(state.get("lanes"), list) else []
+            rows = [e.get("delivered_rows") for e in lanes if isinstance(e, dict)]
+            # a ragged checkpoint: the step the furthest lane is in (its rows of it were delivered)
+            step = max([-(-r // rps) for r in rows if type(r) is int] + [state.get("step") or 0])
+            try:
+                # several ranges of one restore are all in today's step numbers: add the last first
+                for skip in sorted(skip_steps if many else [skip_steps], key=lambda s: -check_skip(s)[0]):
+                    skips = add_skip(skips, skip, step)
+            except ValueError as e:
+                raise ckpt.CheckpointError(str(e)) from None
+        return self.with_skips(skips)
+
     def validate(self, state: dict, lanes) -> dict:
         """Check that ``state`` restores ``lanes`` under this plan; returns ``{lane: LaneCursor}``.
 
@@ -160,8 +203,12 @@ class LoaderPlan:
                                 resume_check=self.source.check_resume)
         carriers = {str(i) for i in carrier_indexes(self.chain_ops)}
         chunk = self.source.chunk_size
+        skips = self.skips_of(state)
         for lane in lanes:
             c = by_lane[lane]
+            if c.skipped_rows != skipped_rows(c.delivered_rows, self.rows_per_lane_step, skips):
+                raise ckpt.CheckpointError(f"lane {lane}: skipped_rows {c.skipped_rows} does not match the "
+                                           f"checkpoint's skipped steps {skips} (an edited checkpoint?)")
             if c.first_pointer(chunk) % self.flush_span or c.sentinel_offset >= chunk:
                 raise ckpt.CheckpointError(f"lane {lane}: sentinel ({c.sentinel_chunk}, {c.sentinel_offset}) "
                                            f"is not on a flush boundary (every {self.flush_span} pointers)")

@@ -143,7 +143,7 @@ class Tail:
         when the loader has delivered no row to copy the shape from."""
         L = self.loader
         if self.template is None:
-            buffered = [st.rows[0][1] for st in L.lane_pipelines() if st.rows]  # (span, row, k)
+            buffered = [st.rows[0][1] for st in L.lane_pipelines() if st.rows]  # (span, row, ...)
             self.template = buffered[0] if buffered else L.empty_row()
         if self.template is None:
             raise RuntimeError(f"lanes {L.lanes} delivered no row in this pass (every sample filtered or "

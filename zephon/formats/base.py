@@ -106,6 +106,13 @@ class Dataset:
         self._check_unchanged(shard_id, info)
         return self._reader(shard_id).read(indices, self.on_error)
 
+    def locate(self, shard_id: int, sample: int) -> dict:
+        """Where sample ``sample`` of shard ``shard_id`` sits in its file, as far as its format knows (the reader's
+        ``locate``): ``line`` (1-based) and ``bytes`` (``[start, stop)`` of the line in the decompressed stream)
+        for JSON Lines; ``{}`` for a format that keeps no such index."""
+        locate = getattr(self._reader(shard_id), "locate", None)
+        return locate(sample) if locate is not None else {}
+
     def prefetch(self, shard_ids: Sequence[int]) -> None:
         """A hint: shards ``shard_ids`` (in the order the core will read them) are read soon. Remote
         datasets fetch them into their cache in the background; others ignore it. Never raises."""

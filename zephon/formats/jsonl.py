@@ -193,8 +193,13 @@ class JsonlReader:
             reason += " (.json files are read as JSON Lines: one object per line)"
         raise DataError(reason, path=self.path, shard=self.shard, sample=i, line=self._line_number(i))
 
+    def locate(self, i: int) -> dict:
+        """Sample ``i``'s ``line`` (1-based) and ``bytes`` (``[start, stop)`` of its line, newline included, in the
+        decompressed stream)."""
+        return {"line": self._line_number(i), "bytes": [int(self.offsets[i]), int(self.offsets[i + 1])]}
+
     def _line_number(self, i: int) -> int:
-        """1-based line number of sample i. Error path only: the first call counts the newlines of
+        """1-based line number of sample i. Error path and ``locate`` only: the first call counts the newlines of
         the whole stream once (so skip mode over many bad lines stays linear), later calls look up."""
         with self._lock:
             if self._line_numbers is None:

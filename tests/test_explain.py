@@ -1,0 +1,177 @@
+"""``Loader.explain``: every row of a global step named from the config, checked against what an uninterrupted
+Loader delivered (its rows' source ids and tokens) and against the files themselves (the named line and byte range
+read here with ``json``, tokenized here); and skipped step ranges on resume, checked against the uninterrupted
+stream with those steps taken out, across two further resumes at other dp."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from tokenizers import Tokenizer
+
+from helpers import StepHasher, make_loader, run_steps
+from zephon.checkpoint import CheckpointError, merge_states
+from zephon.engine import Loader
+from zephon.formats import open_dataset
+from zephon.ops import Batch, Decode, Shuffle
+from zephon.work import Schedule
+
+MAX_LEN = 128
+
+
+@pytest.fixture(scope="module")
+def dirs(corpus):
+    return [corpus["docs_jsonl"], corpus["code_jsonl"]]
+
+
+def delivered(loaders, steps):
+    """``{(step, lane, micro, row): row's __src__ and input_ids}`` of ``steps`` global steps of ``loaders`` (the
+    ranks of one run), pulled as a training loop does."""
+    out, iters = {}, [iter(L) for L in loaders]
+    for _ in range(steps):
+        for L, it in zip(loaders, iters):
+            for _ in range(len(L.lanes) * (L.rows_per_lane_step // L.batch.micro_batch_size)):
+                mb = next(it)
+                for i, src in enumerate(mb["__src__"]):
+                    ids = mb["input_ids"][i] if "input_ids" in mb else None
+                    text = mb["text"][i] if "text" in mb else None
+                    out[(mb["__step__"], mb["__lane__"], mb["__micro__"], i)] = (src, ids, text)
+    for it in iters:
+        it.close()
+    return out
+
+
+def read_line(piece):
+    """The document at the piece's file, line and byte range, read here (both must agree)."""
+    with open(piece["file"], "rb") as fh:
+        lines = fh.read().split(b"\n")
+        fh.seek(piece["bytes"][0])
+        raw = fh.read(piece["bytes"][1] - piece["bytes"][0])
+    assert raw.rstrip(b"\n") == lines[piece["line"] - 1]
+    return json.loads(raw)["text"]
+
+
+def check_rows(ex, got, tokenizer_path=None):
+    tok = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
+    assert {(r["step"], r["lane"], r["micro"], r["row"]) for r in ex["rows"]} == set(got)
+    for r in ex["rows"]:
+        src, ids, text = got[(r["step"], r["lane"], r["micro"], r["row"])]
+        pieces = r["pieces"]
+        if isinstance(src, list):  # packed: (position, piece) per document
+            assert [tuple(x) for x in src] == [(p["position"], p["piece"]) for p in pieces]
+        else:
+            assert tuple(src) == (pieces[0]["dataset"], pieces[0]["shard"], pieces[0]["sample"],
+                                  pieces[0]["position"])
+        for p in pieces:
+            doc = read_line(p)
+            if tok is None:
+                assert doc == text
+                continue
+            full = tok.encode(doc, add_special_tokens=False).ids + [tok.token_to_id("<eos>")]
+            a, b = p["tokens"]
+            want = full[p["piece"] * MAX_LEN:(p["piece"] + 1) * MAX_LEN]
+            assert list(ids[a:b]) == want, (r, p)
+
+
+def plain_loader(dirs, dp=1, rank=0, runner="inline", **kw):
+    datasets = [open_dataset(d) for d in dirs]
+    return Loader(datasets, [Decode("text"), Shuffle(8, seed=1), Batch(2)], weights=[2, 1], canonical_replicas=8,
+                  chunk_size=16, global_batch_size=32, dp_degree=dp, dp_rank=rank, runner=runner, **kw)
+
+
+SCHEDULE = [{"linear": {0: 3, 6: 1}}, {"linear": {0: 1, 6: 3}}]
+
+
+@pytest.mark.parametrize("kind", ["packed", "plain", "scheduled"])
+def test_explain_names_what_an_uninterrupted_loader_delivered(dirs, tokenizer_path, kind):
+    steps = 14
+    if kind == "plain":
+        ref = delivered([plain_loader(dirs)], steps)
+        ranks = [plain_loader(dirs, 8, r, "threads", num_workers=2) for r in range(8)]
+    else:
+        kw = {"weights": Schedule(SCHEDULE)} if kind == "scheduled" else {}
+        ref = delivered([make_loader(dirs, tokenizer_path, micro_batch=2, max_length=MAX_LEN, **kw)], steps)
+        ranks = [make_loader(dirs, tokenizer_path, dp=8, rank=r, runner="threads", micro_batch=2,
+                             max_length=MAX_LEN, **kw) for r in range(8)]
+    at_dp8 = delivered(ranks, steps)
+    assert set(at_dp8) == set(ref) and all(str(at_dp8[k][0]) == str(ref[k][0]) for k in ref)
+    for step in (0, 5, steps - 2):
+        want = {k: v for k, v in ref.items() if step <= k[0] < step + 2}
+        check_rows(ranks[3].explain(range(step, step + 2)), want, None if kind == "plain" else tokenizer_path)
+    ex = ranks[0].explain(steps - 1)
+    lanes_of_rank = {r: set(L.lanes) for r, L in enumerate(ranks)}
+    assert all(row["lane"] in lanes_of_rank[row["rank"]] for row in ex["rows"])
+
+
+def test_plain_explain_reads_one_span_per_lane_at_any_step(dirs):
+    L = plain_loader(dirs)
+    span = L.plan.flush_span
+    assert L.explain(10 ** 6)["replayed_pointers"] <= span
+    far = L.explain(10 ** 6)["rows"]
+    # the oracle: a lane of a plain pipeline delivers its pointers in spans; row k of the lane is in span k // span
+    lane_rows = 10 ** 6 * L.rows_per_lane_step
+    positions = {p["position"] for r in far if r["lane"] == 0 for p in r["pieces"]}
+    span_ptrs = set()
+    first = lane_rows // span * span
+    for c in range(first // L.source.chunk_size, (first + 2 * span) // L.source.chunk_size + 1):
+        span_ptrs |= set(int(x) for x in L.source.chunk(0, c).positions)
+    assert positions <= span_ptrs
+
+
+def test_packed_explain_from_a_checkpoint_replays_from_it(dirs, tokenizer_path):
+    kw = {"micro_batch": 2, "flush_every_k_chunks": 0.25}  # spans of 8 pointers: a checkpoint at step 20 is far in
+    ref = delivered([make_loader(dirs, tokenizer_path, **kw)], 24)
+    ranks = [make_loader(dirs, tokenizer_path, dp=2, rank=r, **kw) for r in range(2)]
+    delivered(ranks, 21)
+    state = json.loads(json.dumps(merge_states([L.checkpoint() for L in ranks])))
+    fresh = make_loader(dirs, tokenizer_path, dp=4, rank=1, **kw)
+    ex = fresh.explain(range(22, 24), state=state)
+    check_rows(ex, {k: v for k, v in ref.items() if k[0] in (22, 23)}, tokenizer_path)
+    # from the checkpoint: its span and the rows after it; without it, every pointer of the lane from its start
+    from_start = fresh.explain(range(22, 24))
+    check_rows(from_start, {k: v for k, v in ref.items() if k[0] in (22, 23)}, tokenizer_path)
+    assert ex["replayed_pointers"] <= 2 * fresh.plan.flush_span < from_start["replayed_pointers"]
+
+
+# ------------------------------------------------------------------------------------------ skipped steps
+
+def digests_run(dirs, tokenizer_path, dp, steps, state=None, skip=None, runner="inline"):
+    loaders = [make_loader(dirs, tokenizer_path, dp=dp, rank=r, runner=runner, micro_batch=2) for r in range(dp)]
+    if state is not None:
+        for L in loaders:
+            L.restore(state, skip_steps=skip)
+    h = StepHasher()
+    run_steps(loaders, steps, h)
+    return h.digests(), json.loads(json.dumps(merge_states([L.checkpoint() for L in loaders]))), loaders
+
+
+def test_skips_remove_exactly_those_steps_across_resumes_at_other_dp(dirs, tokenizer_path):
+    ref, _, _ = digests_run(dirs, tokenizer_path, 1, 40)
+    d1, state, _ = digests_run(dirs, tokenizer_path, 2, 6)
+    d2, state, loaders = digests_run(dirs, tokenizer_path, 4, 8, state, skip=(9, 12))  # steps 6..13
+    assert state["config"]["skips"] == [[9, 12]]
+    d3, state, _ = digests_run(dirs, tokenizer_path, 8, 6, state, skip=[(15, 17), (19, 20)])  # steps 14..19
+    d4, _, _ = digests_run(dirs, tokenizer_path, 1, 4, state, runner="threads")  # steps 20..23, skips kept
+    got = {**d1, **d2, **d3, **d4}
+    # training step t delivers stream step: 9..11 removed, then (in the new numbering) 15..16 and 19
+    stream = [s for s in range(40) if s not in (9, 10, 11)]
+    stream = [s for i, s in enumerate(stream) if i not in (15, 16, 19)]
+    assert sorted(got) == list(range(24))
+    assert [got[t] for t in range(24)] == [ref[s] for s in stream[:24]]
+    ex = loaders[0].explain(range(9, 10))
+    assert {r["stream_step"] for r in ex["rows"]} == {12}
+
+
+def test_skip_before_the_checkpoint_is_refused_naming_the_step(dirs, tokenizer_path):
+    _, state, _ = digests_run(dirs, tokenizer_path, 2, 6)
+    L = make_loader(dirs, tokenizer_path, micro_batch=2)
+    with pytest.raises(CheckpointError, match="before the checkpoint's step 6"):
+        L.restore(state, skip_steps=(5, 9))
+    with pytest.raises(CheckpointError, match="0 <= first < end"):
+        L.restore(state, skip_steps=(9, 9))
+
+
+def test_a_checkpoint_without_skips_keeps_its_keys(dirs, tokenizer_path):
+    _, state, _ = digests_run(dirs, tokenizer_path, 2, 3)
+    assert "skips" not in state["config"]
+    assert all("skipped_rows" not in e for e in state["lanes"])
