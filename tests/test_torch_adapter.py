@@ -213,6 +213,38 @@ def test_torchtitan_labels_are_shifted_within_documents(corpus, tokenizer_path):
                 assert (x[i, t + 1:] == 0).all()
 
 
+@pytest.mark.contract("torchtitan.loader")
+def test_torchtitan_concat_packing_fills_every_row_with_shifted_labels(corpus, tokenizer_path):
+    """``Config.packing="concat"``: windows of seq_len + 1 tokens overlapping by one (Megatron's), so no padding,
+    and each label is the next token of the stream (the row after's first input for the last one), -100 only
+    where a document starts; a dp 2 rank resumes on the second half of the dp 1 batch."""
+    pytest.importorskip("torchtitan.components.dataloader", reason="torchtitan not installed")
+    from zephon_torch.titan import ZephonTextDataLoader
+
+    cfg = ZephonTextDataLoader.Config(dataset_path=corpus["docs_jsonl"], canonical_replicas=R, shuffle_buffer=0,
+                                      chunk_size=32, packing="concat")
+    dl = ZephonTextDataLoader(cfg, dp_world_size=1, dp_rank=0, tokenizer=tokenizer_path, seq_len=64,
+                              local_batch_size=8)
+    it = iter(dl)
+    (inputs, labels), sd = next(it), dl.state_dict()
+    x, pos = inputs["input"], inputs["positions"]
+    assert x.shape == labels.shape == (8, 64) and (x != 0).all()  # <pad> is id 0: no padding anywhere
+    rows_per_lane = 8 // R
+    for i in range(8):
+        nxt_first = x[i + 1, 0] if (i + 1) % rows_per_lane else None  # a lane's rows are consecutive
+        for t in range(64):
+            target = x[i, t + 1] if t < 63 else nxt_first
+            if labels[i, t] != -100:
+                assert target is None or labels[i, t] == target
+                assert t == 63 or pos[i, t + 1] == pos[i, t] + 1
+            else:  # the next token starts a document (at t = 63 the next row's start, not seen here)
+                assert t == 63 or pos[i, t + 1] == 0
+    again = ZephonTextDataLoader(cfg, dp_world_size=2, dp_rank=1, tokenizer=tokenizer_path, seq_len=64,
+                                 local_batch_size=4)
+    again.load_state_dict(sd)
+    assert torch.equal(next(iter(again))[0]["input"], next(it)[0]["input"][4:])
+
+
 @pytest.mark.contract("torch.finite")
 @pytest.mark.parametrize("num_workers", [0, 3])
 def test_finite_stream_ends_at_the_single_rank_step(corpus, tokenizer_path, tmp_path, num_workers):

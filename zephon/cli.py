@@ -45,8 +45,9 @@ def _tokenize(args, tokenizer_path):
     from .ops import Tokenize
 
     try:
+        # concat cuts documents of any length itself; the bin packers need pieces that fit a row
         return Tokenize(tokenizer_path, field=args.field, eos_id=_eos_token(args.eos_token),
-                        max_length=args.max_length)
+                        max_length=None if getattr(args, "pack_method", None) == "concat" else args.max_length)
     except ValueError as e:
         if "vocabulary" not in str(e):
             raise
@@ -324,7 +325,9 @@ def _pipeline_args(p, demo: bool) -> None:
                    help="chunks between flush sentinels (a fraction allowed; default: every min(chunk_size, 256) "
                         "pointers)")
     p.add_argument("--shuffle-buffer", type=int, default=32, help="rows in the shuffle buffer (0 = off)")
-    p.add_argument("--pack-method", default="best_fit", choices=["best_fit", "first_fit"])
+    p.add_argument("--pack-method", default="best_fit", choices=["best_fit", "first_fit", "concat"],
+                   help="best_fit / first_fit: documents in bins, padded; concat: documents end to end cut into "
+                        "--max-length windows (no padding, documents split across rows)")
     p.add_argument("--ensure-mixture", action="store_true",
                    help="weights are token shares: correct sample weights by mean document length and "
                         "reorder documents by token deficit")

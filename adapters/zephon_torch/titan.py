@@ -49,7 +49,9 @@ class ZephonTextDataLoader(_Base):
     must divide it or be a multiple of it, ranks then sharing lanes: docs/distributed.md), ``seed``,
     ``shuffle_buffer`` (rows, 0 = off), ``chunk_size``, ``num_workers``
     (DataLoader workers; may change between runs), ``prefetch_factor``, ``pin_memory``,
-    ``persistent_workers`` (False only), ``infinite``.
+    ``persistent_workers`` (False only), ``infinite``, ``packing`` (``"best_fit"``, the default: documents in
+    padded rows of ``seq_len + 1`` tokens; ``"first_fit"``; ``"concat"``: documents end to end cut into windows of
+    ``seq_len + 1`` tokens sharing one, as Megatron-LM and TorchTitan's own text dataset build them, no padding).
     Keyword arguments as torchtitan passes them: ``dp_world_size``, ``dp_rank``, ``tokenizer`` (a
     torchtitan ``HuggingFaceTokenizer``, a ``tokenizers.Tokenizer`` or a tokenizer.json path),
     ``seq_len`` (tokens per row), ``local_batch_size`` (rows per rank per step; ``local_batch_size *
@@ -73,6 +75,7 @@ class ZephonTextDataLoader(_Base):
         pin_memory: bool = False
         persistent_workers: bool = False  # TorchTitan's field; True is refused (see __init__)
         infinite: bool = True
+        packing: str = "best_fit"
 
     def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, tokenizer, seq_len: int,
                  local_batch_size: int, snapshot_every_n_steps: int | None = 1, **kwargs):
@@ -91,11 +94,15 @@ class ZephonTextDataLoader(_Base):
         paths = [p.strip() for p in str(config.dataset_path).split(",") if p.strip()]
         datasets = [open_dataset(p) for p in paths]
         tok, bos, eos = _tokenizer(tokenizer)
-        # One more token than seq_len, then shift: input = ids[:-1], labels = next token.
+        # One more token than seq_len, then shift: input = ids[:-1], labels = next token (concat: Pack shifts,
+        # windows of seq_len + 1 tokens overlapping by one, and cuts documents of any length itself).
+        concat = config.packing == "concat"
         ops = [Decode(config.text_field),
                Tokenize(tok, bos_id=bos, eos_id=eos, add_bos=bos is not None, add_eos=eos is not None,
-                        max_length=seq_len + 1),
-               Pack(seq_len + 1)]
+                        max_length=None if concat else seq_len + 1),
+               Pack(seq_len, method="concat", shift_labels=True) if concat
+               else Pack(seq_len + 1, method=config.packing)]
+        self._shifted = concat
         if config.shuffle_buffer:
             ops.append(Shuffle(config.shuffle_buffer, seed=config.seed))
         global_batch = local_batch_size * dp_world_size
@@ -116,6 +123,9 @@ class ZephonTextDataLoader(_Base):
 
     def __iter__(self):
         for b in self.dataloader:
+            if self._shifted:  # Pack(shift_labels=True): labels are the next tokens already
+                yield {"input": b["input_ids"], "positions": b["position_ids"]}, b["labels"]
+                continue
             yield ({"input": b["input_ids"][:, :-1], "positions": b["position_ids"][:, :-1]},
                    b["labels"][:, 1:])
 

@@ -18,7 +18,8 @@ from .skips import SKIPS_KEY
 FORMAT = "zephon-checkpoint/1"
 LANE_KEYS = ("lane", "sentinel_chunk", "sentinel_offset", "replay_cursor", "delivered_rows")
 #: Optional lane entry key: ``{chain index (str): [[ref, ...] per open bin]}``, a ref being a stream
-#: position (int) or ``[position, piece]``: what an accumulator carried into the span (``engine.lane``).
+#: position (int), ``[position, piece]`` or ``[position, piece, token offset]`` (a document concat packing cut
+#: mid-way): what an accumulator carried into the span (``engine.lane``).
 CARRY_KEY = "carry"
 #: Optional lane entry key: stream rows left out by skipped steps (``LaneCursor.skipped_rows``), when any.
 SKIPPED_KEY = "skipped_rows"
@@ -133,8 +134,11 @@ def first_step(cursors, rows_per_lane_step: int) -> int:
 def _is_ref(r) -> bool:
     if type(r) is int:
         return 0 <= r < 1 << 62
-    return (isinstance(r, list) and len(r) == 2 and all(type(x) is int for x in r) and 0 <= r[0] < 1 << 62
-            and 0 < r[1] < 1 << 31)
+    if not (isinstance(r, list) and r and all(type(x) is int for x in r) and 0 <= r[0] < 1 << 62):
+        return False
+    if len(r) == 2:  # [position, piece]
+        return 0 < r[1] < 1 << 31
+    return len(r) == 3 and 0 <= r[1] < 1 << 31 and 0 < r[2] < 1 << 31  # [position, piece, token offset]
 
 
 def _check_carry(entry: dict) -> None:
@@ -146,7 +150,8 @@ def _check_carry(entry: dict) -> None:
         n += sum(len(b) for b in bins) if ok else 0
     if not ok or n > MAX_CARRIED:
         raise CheckpointError(f"lane {entry.get('lane')}: malformed {CARRY_KEY!r} {str(carry)[:200]}; expected "
-                              f"{{chain index: [[position or [position, piece], ...] per open bin]}}")
+                              f"{{chain index: [[position, [position, piece] or [position, piece, offset], ...] per "
+                              f"open bin]}}")
 
 
 def canonical_json(obj) -> str:

@@ -20,7 +20,7 @@ from ..formats import DataError
 from .stage import error_for
 
 import numpy as np
-from ..formats.records import piece_ref
+from ..formats.records import OFFSET, piece_ref
 
 SENTINEL = "sentinel"
 END = "end"
@@ -28,13 +28,23 @@ END = "end"
 
 def record_ref(record: dict):
     """A carried record's name in a checkpoint: its stream position, or ``[position, piece]`` for a piece
-    of a split document after the first."""
+    of a split document after the first, or ``[position, piece, offset]`` for a record whose first ``offset``
+    tokens were delivered already (``OFFSET``: concat packing carries a document cut mid-way)."""
     position, piece = piece_ref(record)
+    offset = record.get(OFFSET, 0)
+    if offset:
+        return [position, piece, offset]
     return position if piece == 0 else [position, piece]
 
 
 def _ref_key(ref) -> tuple[int, int]:
     return (ref, 0) if isinstance(ref, int) else (ref[0], ref[1])
+
+
+def _ref_record(ref, by_ref: dict) -> dict:
+    """The regenerated record ``ref`` names (``by_ref``: piece identity -> record), with its ``OFFSET`` if any."""
+    record = by_ref[_ref_key(ref)]
+    return {**record, OFFSET: ref[2]} if isinstance(ref, list) and len(ref) == 3 else record
 
 
 def carrier_indexes(chain_ops) -> set[int]:
@@ -298,7 +308,7 @@ class LanePipeline:
             if missing:
                 raise RuntimeError(f"lane {self.lane}: the checkpoint carries records {missing[:5]} that their "
                                    f"positions no longer produce (the data changed under the same fingerprint?)")
-            self.chain[i][1].resume([[by_ref[_ref_key(r)] for r in b] for b in bins])
+            self.chain[i][1].resume([[_ref_record(r, by_ref) for r in b] for b in bins])
 
     def _emit(self, rows: list) -> None:
         self.total_produced += len(rows)

@@ -17,11 +17,17 @@ MIN_CAPACITY = 1 << 16  # bytes
 def state_capacity(plan) -> int:
     """Bytes that hold any checkpoint of ``plan``'s config: a power of two >= 64 KiB that fits every lane at the
     largest counters, carrying the most documents its packing may carry across a flush (each ``Pack``'s
-    ``max_carry``, every one in a bin of its own at the largest position and piece). ``plan``: an
+    ``max_carry``, every one in a bin of its own at the largest position and piece; a concat ``Pack``'s remainder,
+    up to ``max_length`` documents of one token, the first one cut at the largest offset). ``plan``: an
     ``engine.LoaderPlan``."""
     big, piece = (1 << 62) - 1, (1 << 31) - 1
-    carry = {str(i): [[[big, piece]]] * getattr(plan.chain_ops[i], "max_carry", MAX_CARRIED)
-             for i in sorted(carrier_indexes(plan.chain_ops))}
+
+    def most(op) -> list:
+        n = op.max_carried() if hasattr(op, "max_carried") else getattr(op, "max_carry", MAX_CARRIED)
+        if getattr(op, "method", None) == "concat":
+            return [[[big, piece, piece]] + [[big, piece]] * (n - 1)] if n else []
+        return [[[big, piece]]] * n
+    carry = {str(i): most(plan.chain_ops[i]) for i in sorted(carrier_indexes(plan.chain_ops))}
     carry = {k: bins for k, bins in carry.items() if bins}
     extra = {CARRY_KEY: carry} if carry else {}
     entries = [dict({k: (lane if k == "lane" else big) for k in ckpt.LANE_KEYS}, **extra)

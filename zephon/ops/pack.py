@@ -11,7 +11,8 @@ fullest are emitted until at most ``max_carry`` documents stay open, and the res
 checkpoint by identity (``(position, piece)``, a few dozen integers), so a resume re-reads them. At the
 end of a lane (or a flush with nothing to carry into) the open bins' documents are re-packed, longest
 first, into as few rows as first fit finds, so a finite pass ends on about one partly filled row.
-See docs/concepts.md (packing).
+``concat`` concatenates the documents and cuts windows instead (``ops.pack_concat``: no padding, documents
+split across rows). See docs/concepts.md (packing).
 """
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ from bisect import bisect_left, insort
 import numpy as np
 
 from .base import Accumulator, Operator, RecordError
+from .pack_concat import ConcatAccumulator
 from ..formats.records import SRC, piece_ref
 
-PACK_METHODS = ("best_fit", "first_fit")
+PACK_METHODS = ("best_fit", "first_fit")  # the bin packers (pinned together by tests/test_golden.py)
+METHODS = PACK_METHODS + ("concat",)
 
 
 class Pack(Operator):
@@ -30,24 +33,36 @@ class Pack(Operator):
 
     Args:
         max_length: tokens per row (default 2048).
-        method: ``"best_fit"`` or ``"first_fit"``.
-        max_open_bins: bins kept open before the fullest is emitted (memory and padding trade-off).
+        method: ``"best_fit"``, ``"first_fit"`` or ``"concat"`` (documents end to end, cut into windows of
+            ``max_length`` tokens: no padding but at a finite lane's end, documents split across rows, the
+            remainder carried to the next row and across flush sentinels; ``ops.pack_concat``).
+        max_open_bins: bins kept open before the fullest is emitted (memory and padding trade-off; not concat).
         max_carry: documents of open bins carried across a flush sentinel (each costs one integer, or
             two for a piece of a split document, in every lane's checkpoint); 0 pads every bin out there.
+            Not concat, which carries its whole remainder (fewer than ``max_length`` tokens, so at most that
+            many documents).
+        shift_labels: concat only: windows of ``max_length + 1`` tokens as Megatron-LM builds them (each
+            window's last token starts the next one); ``input_ids`` are the first ``max_length``, ``labels`` the
+            next token of each (already shifted: the model must not shift again).
         pad_id: token id for padding; ``label_pad``: label at padding and at each document's first token
             (so no position learns to predict across a document boundary).
     Output rows (numpy arrays of length ``max_length``): ``input_ids`` int32, ``labels`` int32 (equal to
     ``input_ids`` where trained; the model shifts), ``position_ids`` int32 (restart at 0 per document),
     ``attention_mask`` uint8 (1 = token, 0 = padding); ``cu_seqlens`` int32[docs + 1] (document
     boundaries, flash-attention style); ``num_tokens``; ``__src__`` list of ``(position, piece)``.
-    Raises ``RecordError`` for a document longer than ``max_length``."""
+    With concat, ``cu_seqlens`` and ``position_ids`` also restart at the row's start (a document continued
+    from the row before) and ``__src__`` names every document with tokens in the row.
+    Raises ``RecordError`` for a document longer than ``max_length`` (bin packers only)."""
 
     name = "pack"
 
     def __init__(self, max_length: int = 2048, method: str = "best_fit", max_open_bins: int = 32,
-                 pad_id: int = 0, label_pad: int = -100, max_carry: int = 64):
-        if method not in PACK_METHODS:
-            raise ValueError(f"pack method must be one of {PACK_METHODS}, got {method!r}")
+                 pad_id: int = 0, label_pad: int = -100, max_carry: int = 64, shift_labels: bool = False):
+        if method not in METHODS:
+            raise ValueError(f"pack method must be one of {METHODS}, got {method!r}")
+        if shift_labels and method != "concat":
+            raise ValueError(f"shift_labels=True needs method='concat' (got {method!r}): bin packers emit labels "
+                             f"equal to input_ids and the model shifts")
         if max_length < 1 or max_open_bins < 1:
             raise ValueError("max_length and max_open_bins must be >= 1")
         if not isinstance(max_carry, int) or max_carry < 0:
@@ -56,14 +71,22 @@ class Pack(Operator):
             raise ValueError(f"pad_id must be a token id >= 0, got {pad_id}")
         self.max_length, self.method, self.max_open_bins = max_length, method, max_open_bins
         self.pad_id, self.label_pad, self.max_carry = pad_id, label_pad, max_carry
+        self.shift_labels = bool(shift_labels)
 
     def fingerprint(self) -> dict:
-        return {"op": self.name, "max_length": self.max_length, "method": self.method,
-                "max_open_bins": self.max_open_bins, "pad_id": self.pad_id, "label_pad": self.label_pad,
-                "max_carry": self.max_carry}
+        fp = {"op": self.name, "max_length": self.max_length, "method": self.method,
+              "max_open_bins": self.max_open_bins, "pad_id": self.pad_id, "label_pad": self.label_pad,
+              "max_carry": self.max_carry}
+        if self.method == "concat":  # the bin packers' fingerprints (and so their checkpoints) stay as they were
+            fp["shift_labels"] = self.shift_labels
+        return fp
 
-    def new_accumulator(self, lane: int) -> "PackAccumulator":
-        return PackAccumulator(self)
+    def max_carried(self) -> int:
+        """The most documents one lane may carry across a flush sentinel (what its checkpoint entry names)."""
+        return self.max_length if self.method == "concat" else self.max_carry
+
+    def new_accumulator(self, lane: int):
+        return ConcatAccumulator(self) if self.method == "concat" else PackAccumulator(self)
 
 
 class PackAccumulator(Accumulator):
