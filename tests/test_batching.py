@@ -22,6 +22,9 @@ class Data:
     def fingerprint(self):
         return {"name": self.name, "shards": self.shard_sizes}
 
+    def read(self, *_):  # never called: these tests build sources and plans only
+        raise AssertionError("no I/O expected")
+
 
 @pytest.mark.parametrize("proportions,step,want", [
     ([5, 3, 2], 8, [4, 2, 2]),        # 4, 2.4, 1.6: the free slot to the largest remainder (.6)
@@ -109,3 +112,16 @@ def test_work_source_refuses_batching_without_an_endless_stream_or_with_a_schedu
         WorkSource(data, [1, 1], canonical_replicas=2, step_size=3, batching="stratified")
     with pytest.raises(ValueError, match="batching must be one of"):
         WorkSource(data, [1, 1], batching="round_robin")
+
+
+def test_loader_refuses_batching_with_operators_that_move_records_across_slots():
+    from zephon import Batch, Decode, LoaderPlan, Pack, Shuffle, Tokenize
+    from zephon.ops import ByteTokenizer, Filter
+
+    data = [Data("a", [10]), Data("b", [10])]
+    tok = Tokenize(ByteTokenizer(), add_eos=False, max_length=16)
+    for ops, names in (([Shuffle(4)], "'shuffle'"), ([tok, Pack(16)], "'tokenize', 'pack'"),
+                       ([Filter(lambda r: True)], "'filter'")):
+        with pytest.raises(ValueError, match=f"operators \\[{names}\\] move, merge, split or drop"):
+            LoaderPlan.build(data, [Decode(), *ops, Batch(1)], canonical_replicas=2, batching="per_stream")
+    LoaderPlan.build(data, [Decode(), Shuffle(4), Batch(1)], canonical_replicas=2)  # random: any operators

@@ -23,13 +23,14 @@ def _take(it, n):
 
 
 # -- core Loader -----------------------------------------------------------------------------------
-def core_host(dirs):
+def core_host(dirs, batching="random"):
     from zephon import Batch, Decode, Loader, Shuffle, merge_states, open_dataset
 
     datasets = [open_dataset(d) for d in dirs]
+    ops = [Decode("id"), Shuffle(4, seed=0), Batch(1)] if batching == "random" else [Decode("id"), Batch(1)]
 
     def make(dp, rank, workers):
-        return Loader(datasets, [Decode("id"), Shuffle(4, seed=0), Batch(1)], seed=0, canonical_replicas=R,
+        return Loader(datasets, ops, seed=0, canonical_replicas=R, batching=batching,
                       chunk_size=8, global_batch_size=2 * R, dp_degree=dp, dp_rank=rank,
                       runner="threads" if workers else "inline", num_workers=max(workers, 1))
 
@@ -46,6 +47,12 @@ def core_host(dirs):
 def test_core_loader_resumes_at_other_dp_and_workers(corpus):
     run_test_save_load_state(core_host([corpus["docs_jsonl"], corpus["code_jsonl"]]), steps=STEPS, midpoint=MID,
                              save_at=(2, 2), resume_at=[(1, 0), (4, 1), (8, 2)])
+
+
+@pytest.mark.parametrize("batching", ["stratified", "per_stream", "device_per_stream"])
+def test_core_loader_batching_resumes_at_other_dp_and_workers(corpus, batching):
+    run_test_save_load_state(core_host([corpus["docs_jsonl"], corpus["code_jsonl"]], batching), steps=STEPS,
+                             midpoint=MID, save_at=(4, 2), resume_at=[(1, 0), (2, 1), (8, 2)])
 
 
 # -- zephon_torch StatefulDataLoader ---------------------------------------------------------------

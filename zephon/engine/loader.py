@@ -87,7 +87,9 @@ class Loader:
         batching: which dataset each slot of a step draws from (``work.batching``): ``"random"`` (the mixture,
             default), ``"stratified"`` (each step holds every dataset's rounded share), ``"per_stream"`` (each
             step from one dataset), ``"device_per_stream"`` (each lane step from one dataset). Defined per
-            canonical slot, so the same at every dp_degree; needs ``exhaustion="repeat"``.
+            canonical slot, so the same at every dp_degree; needs ``exhaustion="repeat"`` and operators that keep
+            one record per pointer (no Shuffle, Pack, Filter or splitting Tokenize; a sample skipped by
+            ``on_error="skip"`` shifts its lane's later slots).
     Iterating yields micro-batch dicts (``ops.collate`` of rows) with ``__lane__``, ``__step__`` and
     ``__micro__``; within a step, micro-batch ``j`` of every owned lane in lane order, then ``j + 1``.
     A new ``iter()`` continues where the previous one stopped (or from a ``restore``d state) and

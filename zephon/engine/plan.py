@@ -87,6 +87,13 @@ class LoaderPlan:
                             chunk_size=chunk_size, shuffle=shuffle, shuffle_block_size=shuffle_block_size,
                             exhaustion=exhaustion, fill_multiple=gbs, step_size=gbs, batching=batching)
         check_ops(ops, len(datasets))
+        moving = [op.name for op in ops if op.stateful or op.name == "filter"
+                  or (op.name == "tokenize" and op.max_length is not None)]
+        if batching != "random" and moving:
+            raise ValueError(f"batching={batching!r} gives each slot of a step its dataset, one record per pointer; "
+                             f"operators {moving} move, merge, split or drop records across slots (a shuffle "
+                             f"buffer, packing, a filter, a Tokenize(max_length=...) that splits documents), which "
+                             f"would undo it: use batching='random' with them")
         if gbs % canonical_replicas:
             raise ValueError(f"global_batch_size={gbs} is not a multiple of canonical_replicas={canonical_replicas}")
         rows_per_lane_step = gbs // canonical_replicas
