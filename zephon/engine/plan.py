@@ -65,7 +65,7 @@ class LoaderPlan:
               shuffle_block_size: int | None = None, exhaustion: str = "repeat",
               flush_every_k_chunks: float | None = None, flush_span: int | None = None, dp_degree: int = 1,
               dp_rank: int = 0, lane_assignment: str = "contiguous", unit_size: int = 256,
-              pad_tail: bool = True) -> LoaderPlan:
+              pad_tail: bool = True, epochs_per_pass=None) -> LoaderPlan:
         """The plan of a loader built with these arguments (``Loader``'s, which documents each).
 
         Raises ``TopologyError`` for a dp_degree that neither divides ``canonical_replicas`` nor is a multiple
@@ -82,7 +82,8 @@ class LoaderPlan:
             raise ValueError(f"global_batch_size and unit_size must be >= 1, got {global_batch_size}, {unit_size}")
         source = WorkSource(datasets, weights, seed=seed, canonical_replicas=canonical_replicas,
                             chunk_size=chunk_size, shuffle=shuffle, shuffle_block_size=shuffle_block_size,
-                            exhaustion=exhaustion, fill_multiple=gbs, step_size=gbs)
+                            exhaustion=exhaustion, fill_multiple=gbs, step_size=gbs,
+                            epochs_per_pass=epochs_per_pass)
         check_ops(ops, len(datasets))
         if gbs % canonical_replicas:
             raise ValueError(f"global_batch_size={gbs} is not a multiple of canonical_replicas={canonical_replicas}")
