@@ -444,3 +444,12 @@ def _energon_keys_kw(path, **kw) -> list:
 @pytest.mark.contract("energon.keywords", "energon.elastic")
 def test_shuffle_over_epochs_multiplier_resumes_elastically(data):
     _elastic(data["other"], 4, (2, 2), [(1, 1), (4, 0)], batch_size=2, shuffle_over_epochs_multiplier=3)
+
+
+@pytest.mark.contract("energon.metadataset")
+def test_auxiliary_data_in_a_metadataset_is_refused_saying_why(text_ds, tmp_path):
+    meta = tmp_path / "aux.yaml"
+    meta.write_text(f"__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    path: {text_ds}\n"
+                    f"    aux:\n      media: {text_ds}\n")
+    with pytest.raises(Exception, match=r"aux: auxiliary datasets are not supported.*join"):
+        train_loader(str(meta), batch_size=None)
