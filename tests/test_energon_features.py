@@ -411,3 +411,45 @@ def test_dataset_hook_module_is_part_of_the_fingerprint(hook_ds, tmp_path):
     dl = train_loader(root, batch_size=2, canonical_replicas=4)
     with pytest.raises(Exception, match=r"sample_loader\.sha256"):
         dl.restore_state_global(states)
+
+
+# -- shuffle_over_epochs_multiplier ------------------------------------------------------------------------
+@pytest.mark.contract("energon.keywords")
+def test_shuffle_over_epochs_multiplier_is_energons_pass_of_m_epochs(data):
+    """Multiplier 2: one pass (repeat=False) holds every sample twice, as Energon's, and its first half is not
+    one whole epoch (the copies are shuffled together); -1 (with replacement) is refused saying why."""
+    other = data["other"]
+
+    def energon_pass(m):
+        return _energon_keys_kw(other, shuffle_over_epochs_multiplier=m)
+
+    theirs = Counter(energon_pass(2))
+    ours = take(train_loader(other, batch_size=None, repeat=False, shuffle_buffer_size=None, canonical_replicas=4,
+                             shuffle_over_epochs_multiplier=2), 10 ** 6, lambda s: s.__key__)
+    assert Counter(ours) == theirs == Counter({f"u{i:04d}": 2 for i in range(24)})
+    ordered = take(train_loader(other, batch_size=None, shuffle_buffer_size=None, canonical_replicas=4, chunk_size=1,
+                                shuffle_over_epochs_multiplier=2), 4 * 24, lambda s: s.__key__)
+    assert Counter(ordered) == Counter({f"u{i:04d}": 4 for i in range(24)})  # two passes of two epochs
+    assert len(set(ordered[:24])) < 24  # stream positions [0, 24): not one epoch
+    with pytest.raises(ze.RefusedKeyword, match="with replacement"):
+        train_loader(other, shuffle_over_epochs_multiplier=-1)
+
+
+def _energon_keys_kw(path, **kw) -> list:
+    ds = me.get_train_dataset(path, worker_config=wc(), batch_size=None, shuffle_buffer_size=None,
+                              max_samples_per_sequence=None, repeat=False, **kw)
+    return take(me.get_loader(ds), 10 ** 6, lambda s: s.__key__)
+
+
+@pytest.mark.contract("energon.keywords", "energon.elastic")
+def test_shuffle_over_epochs_multiplier_resumes_elastically(data):
+    _elastic(data["other"], 4, (2, 2), [(1, 1), (4, 0)], batch_size=2, shuffle_over_epochs_multiplier=3)
+
+
+@pytest.mark.contract("energon.metadataset")
+def test_auxiliary_data_in_a_metadataset_is_refused_saying_why(text_ds, tmp_path):
+    meta = tmp_path / "aux.yaml"
+    meta.write_text(f"__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    path: {text_ds}\n"
+                    f"    aux:\n      media: {text_ds}\n")
+    with pytest.raises(Exception, match=r"aux: auxiliary datasets are not supported.*join"):
+        train_loader(str(meta), batch_size=None)

@@ -644,3 +644,21 @@ def test_quota_pass_gives_each_dataset_its_draws_continuing_its_passes():
     for bad in ([6, 2.5], [6, 0]):
         with pytest.raises(ValueError, match="quota"):
             WorkSource([a, b], bad, exhaustion="quota")
+
+
+def test_epochs_per_pass_shuffles_m_copies_together():
+    """epochs_per_pass=[3, 1]: a's pass is 3 copies shuffled together (each sample 3 times, the first N draws
+    not one epoch), b's passes stay single epochs; the fingerprint names it only when set."""
+    a, b = FakeDataset("a", [5, 7]), FakeDataset("b", [4])
+    src = WorkSource([a, b], [36, 4], exhaustion="stop", canonical_replicas=2, chunk_size=3, seed=1,
+                     epochs_per_pass=[3, 1])
+    stream = global_stream(src)
+    assert len(stream) == 40
+    a_draws = [(s, i) for _, d, s, i, _ in sorted(stream) if d == 0]
+    assert Counter(a_draws) == Counter({p: 3 for p in natural_pointers([5, 7])})
+    assert len(set(a_draws[:12])) < 12
+    assert Counter((s, i) for _, d, s, i, _ in stream if d == 1) == Counter(natural_pointers([4]))
+    plain = WorkSource([a, b], [36, 4], exhaustion="repeat", epochs_per_pass=[1, 1])
+    assert "epochs_per_pass" not in plain.fingerprint() and "epochs_per_pass" in src.fingerprint()
+    with pytest.raises(ValueError, match="epochs_per_pass"):
+        WorkSource([a, b], epochs_per_pass=[0, 1])

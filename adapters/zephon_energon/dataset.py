@@ -29,7 +29,8 @@ __all__ = ["DEFAULT_CANONICAL_REPLICAS", "EnergonDataset", "RefusedKeyword", "Ze
 
 
 def _build(path, *, split_part, worker_config, batch_size, batch_drop_last, packing_buffer_size, shuffle_buffer_size,
-           task_encoder, repeat, training, virtual_epoch_length=0, limit=None, kwargs, entries=None) -> EnergonDataset:
+           task_encoder, repeat, training, virtual_epoch_length=0, limit=None, kwargs, entries=None,
+           epochs: int = 1) -> EnergonDataset:
     check_worker_config(worker_config)
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be an int >= 1 or None, got {batch_size!r}")
@@ -72,13 +73,27 @@ def _build(path, *, split_part, worker_config, batch_size, batch_drop_last, pack
                          shuffle=training, exhaustion="repeat" if (training and repeat) else
                          "quota" if quota else "stop",
                          dp_degree=worker_config.world_size, dp_rank=worker_config.rank,
-                         lane_assignment=assignment, pad_tail=False)  # TaskEncoder batches hold no padding
+                         lane_assignment=assignment, pad_tail=False,  # TaskEncoder batches hold no padding
+                         epochs_per_pass=_epochs_per_pass(epochs, metas) if training else None)
     ds = EnergonDataset(datasets=datasets, weights=weights, ops=ops, loader_kwargs=loader_kwargs,
                         worker_config=worker_config, task_encoder=task_encoder, batch_size=batch_size,
                         training=training, virtual_epoch_length=virtual_epoch_length, limit=limit,
                         seed_offset=seed, sources=[e for _, e in sources], grouped=grouped)
     _check_lanes(ds, path, total, batch_size, explicit_replicas="canonical_replicas" in zk)
     return ds
+
+
+def _epochs_per_pass(multiplier: int, metas) -> list[int]:
+    """Energon's ``shuffle_over_epochs_multiplier`` per dataset: the keyword's times the metadataset entry's.
+    Raises ``RefusedKeyword`` for an entry's -1 (see ``get_train_dataset``)."""
+    out = []
+    for e in metas:
+        own = e.get("shuffle_over_epochs_multiplier") or 1
+        if own == -1 or not isinstance(own, int) or own < 1:
+            refuse("shuffle_over_epochs_multiplier", f"{own} in the metadataset entry of {e['path']}: only ints >= 1 "
+                   f"map onto lanes (see get_train_dataset)")
+        out.append(multiplier * own)
+    return out
 
 
 def _take_keywords(kwargs: dict, task_encoder) -> tuple[dict, dict | None]:
@@ -179,22 +194,27 @@ def get_train_dataset(path, *, split_part="train", worker_config, batch_size, ba
 
     ``max_samples_per_sequence`` is accepted and has no effect: Zephon reads samples by random access
     (``.tar.idx``) in its own permutation, so there are no sequential runs to bound.
-    ``shuffle_over_epochs_multiplier`` must be 1 (or None): every pass visits every sample once.
+    ``shuffle_over_epochs_multiplier`` m >= 1: a pass is m epochs shuffled together (every sample m times per
+    pass, in any order), as Energon's; -1 is refused.
     Zephon extras: ``canonical_replicas`` (lanes, default 64; every world size used must divide it),
     ``chunk_size`` (default ``min(256, samples // canonical_replicas)``), ``flush_span`` (pointers per
     lane between accumulator flushes, default ``max(256, shuffle_buffer_size, 4 x packing_buffer_size)``),
     ``lane_assignment``.
     Raises ``RefusedKeyword`` for a keyword it cannot honour, ``TopologyError`` when ``world_size`` does
     not divide ``canonical_replicas``."""
-    if shuffle_over_epochs_multiplier not in (None, 1):
-        refuse("shuffle_over_epochs_multiplier", f"{shuffle_over_epochs_multiplier}: Zephon visits every sample "
-               f"exactly once per pass (multiplier 1)")
+    if shuffle_over_epochs_multiplier == -1 or not (shuffle_over_epochs_multiplier is None or (
+            isinstance(shuffle_over_epochs_multiplier, int) and shuffle_over_epochs_multiplier >= 1)):
+        refuse("shuffle_over_epochs_multiplier", f"{shuffle_over_epochs_multiplier}: only ints >= 1 map onto lanes "
+               f"(a pass of that many epochs shuffled together); -1 (drawing with replacement) has no pass, and a "
+               f"pass is what makes every sample come exactly once per pass and a lane's pointers random-access; "
+               f"use a large multiplier instead")
     if not isinstance(virtual_epoch_length, int) or virtual_epoch_length < 0:
         raise ValueError(f"virtual_epoch_length must be an int >= 0, got {virtual_epoch_length!r}")
     return _build(path, split_part=split_part, worker_config=worker_config, batch_size=batch_size,
                   batch_drop_last=batch_drop_last, packing_buffer_size=packing_buffer_size,
                   shuffle_buffer_size=shuffle_buffer_size, task_encoder=task_encoder, repeat=repeat, training=True,
-                  virtual_epoch_length=virtual_epoch_length, kwargs=dict(kwargs))
+                  virtual_epoch_length=virtual_epoch_length, kwargs=dict(kwargs),
+                  epochs=shuffle_over_epochs_multiplier or 1)
 
 
 def get_val_dataset(path, *, split_part="val", worker_config, batch_size, batch_drop_last: bool = False,

@@ -48,7 +48,7 @@ class Loader:
             Shuffle(512), Batch(micro_batch_size=2)]``. A final ``Batch`` gives the micro-batch size and
             ``drop_last`` (default ``Batch(1)``). Leading stateless operators run on workers; the rest on
             the pump, one accumulator per lane.
-        weights, seed, shuffle, shuffle_block_size, exhaustion, chunk_size, canonical_replicas: the
+        weights, seed, shuffle, shuffle_block_size, exhaustion, chunk_size, canonical_replicas, epochs_per_pass: the
             ``WorkSource`` (see there). ``canonical_replicas`` = number of lanes, fixed for the run.
             ``exhaustion="fill"`` extends one pass to a multiple of ``global_batch_size`` samples by
             repeating its first ones (Mosaic's epoch: with one row per sample no step is short).
@@ -112,7 +112,8 @@ class Loader:
                  dp_degree: int = 1, dp_rank: int = 0,
                  lane_assignment: str = "contiguous", runner="threads", num_workers: int = 2,
                  unit_size: int = 256, lanes=None, emit_state: bool = False, pad_tail: bool = True,
-                 max_skip_fraction=DEFAULT_MAX_SKIP_FRACTION, batching: str = "random"):
+                 max_skip_fraction=DEFAULT_MAX_SKIP_FRACTION, batching: str = "random",
+                 epochs_per_pass=None):
         self._init(LoaderPlan.build(datasets, ops, weights=weights, seed=seed,
                                     canonical_replicas=canonical_replicas, chunk_size=chunk_size,
                                     global_batch_size=global_batch_size, shuffle=shuffle,
@@ -120,7 +121,8 @@ class Loader:
                                     flush_every_k_chunks=flush_every_k_chunks, flush_span=flush_span,
                                     dp_degree=dp_degree,
                                     dp_rank=dp_rank, lane_assignment=lane_assignment, unit_size=unit_size,
-                                    pad_tail=pad_tail, batching=batching),
+                                    pad_tail=pad_tail, batching=batching,
+                                    epochs_per_pass=epochs_per_pass),
                    runner=runner, num_workers=num_workers, lanes=lanes, emit_state=emit_state,
                    max_skip_fraction=max_skip_fraction)
 

@@ -68,7 +68,8 @@ class LoaderPlan:
               shuffle_block_size: int | None = None, exhaustion: str = "repeat",
               flush_every_k_chunks: float | None = None, flush_span: int | None = None, dp_degree: int = 1,
               dp_rank: int = 0, lane_assignment: str = "contiguous", unit_size: int = 256,
-              pad_tail: bool = True, batching: str = "random") -> LoaderPlan:
+              pad_tail: bool = True, batching: str = "random",
+              epochs_per_pass=None) -> LoaderPlan:
         """The plan of a loader built with these arguments (``Loader``'s, which documents each).
 
         Raises ``TopologyError`` for a dp_degree that neither divides ``canonical_replicas`` nor is a multiple
@@ -85,7 +86,8 @@ class LoaderPlan:
             raise ValueError(f"global_batch_size and unit_size must be >= 1, got {global_batch_size}, {unit_size}")
         source = WorkSource(datasets, weights, seed=seed, canonical_replicas=canonical_replicas,
                             chunk_size=chunk_size, shuffle=shuffle, shuffle_block_size=shuffle_block_size,
-                            exhaustion=exhaustion, fill_multiple=gbs, step_size=gbs, batching=batching)
+                            exhaustion=exhaustion, fill_multiple=gbs, step_size=gbs, batching=batching,
+                            epochs_per_pass=epochs_per_pass)
         check_ops(ops, len(datasets))
         moving = [op.name for op in ops if op.stateful or op.name == "filter"
                   or (op.name == "tokenize" and op.max_length is not None)]

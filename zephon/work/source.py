@@ -20,8 +20,8 @@ from .batching import check_method, composition
 from .mixture import Mixture, ScheduledMixture
 from .permute import IndexPermutation, derive_key
 from .schedule import Schedule, resume_horizon
-
-EXHAUSTION_POLICIES = ("repeat", "stop", "fill", "quota")
+from .source_options import EXHAUSTION_POLICIES  # noqa: F401  (re-exported: where it was defined)
+from .source_options import check_options, checked_epochs, checked_quota, checked_weights
 
 
 class PartialPassWarning(UserWarning):
@@ -85,19 +85,25 @@ class WorkSource:
             (``"stratified"``, ``"per_stream"``, ``"device_per_stream"``): which dataset each slot of a step
             draws from, over the same step-major positions as a schedule (needs ``step_size`` and
             ``exhaustion="repeat"``, no schedule).
+        epochs_per_pass: None, or one int >= 1 per dataset: dataset ``d``'s pass is ``epochs_per_pass[d]`` copies
+            of it shuffled together (Energon's ``shuffle_over_epochs_multiplier``): over a pass each sample is
+            drawn that many times, in any order. ``stop`` ends, and the mixture counts, such passes.
     Raises ``ValueError`` on an empty dataset list, a dataset with no samples, bad weights or options.
     """
 
     def __init__(self, datasets, weights=None, *, seed: int = 0, canonical_replicas: int = 1,
                  chunk_size: int = 1024, shuffle: bool = True, shuffle_block_size: int | None = None,
                  exhaustion: str = "repeat", fill_multiple: int = 1, step_size: int | None = None,
-                 batching: str = "random"):
-        weights = _checked_weights(datasets, weights)
-        _check_options(seed, canonical_replicas, chunk_size, exhaustion, fill_multiple, shuffle_block_size)
-        self.quota = _checked_quota(weights) if exhaustion == "quota" else None
+                 batching: str = "random", epochs_per_pass=None):
+        weights = checked_weights(datasets, weights)
+        check_options(seed, canonical_replicas, chunk_size, exhaustion, fill_multiple, shuffle_block_size)
+        self.quota = checked_quota(weights) if exhaustion == "quota" else None
         self.datasets = list(datasets)
         self.shard_sizes = [np.asarray(d.shard_sizes, dtype=np.int64) for d in self.datasets]
         self.sizes = [int(s.sum()) for s in self.shard_sizes]
+        self.epochs_per_pass = checked_epochs(epochs_per_pass, len(self.datasets))
+        # draws per pass of each dataset (its size, times its epochs per pass)
+        self.pass_sizes = [n * m for n, m in zip(self.sizes, self.epochs_per_pass or [1] * len(self.sizes))]
         for d, n in zip(self.datasets, self.sizes):
             if n == 0:
                 raise ValueError(f"dataset {d.name!r} has no samples")
@@ -212,6 +218,7 @@ class WorkSource:
             "exhaustion": self.exhaustion,
             **({"fill_multiple": self.fill_multiple} if self.exhaustion == "fill" else {}),
             **({"quota": self.quota} if self.quota is not None else {}),
+            **({"epochs_per_pass": self.epochs_per_pass} if self.epochs_per_pass else {}),
             **({"weights": "schedule", "schedule": {**self.schedule.to_dict(), "positions_per_step": self.step_size}}
                if self.schedule is not None else {"weights": self.mixture.weights}),
             **({"batching": self.batching, "step_size": self.step_size} if self.batching != "random" else {}),
@@ -225,7 +232,7 @@ class WorkSource:
         if self.quota is not None:
             return sum(self.quota)
         limits = []
-        for d, n in enumerate(self.sizes):
+        for d, n in enumerate(self.pass_sizes):
             lo, hi = 0, 1
             while self.mixture.count(d, hi) <= n:
                 hi *= 2
@@ -243,7 +250,7 @@ class WorkSource:
         positions: closed form, no pointer is made); None for an endless stream."""
         if self.pass_positions is None:
             return None
-        return [n - self.mixture.count(d, self.pass_positions) for d, n in enumerate(self.sizes)]
+        return [n - self.mixture.count(d, self.pass_positions) for d, n in enumerate(self.pass_sizes)]
 
     def _warn_partial_pass(self) -> None:
         """Say (``PartialPassWarning``) which datasets a finite pass leaves partly unread, and how to read them."""
@@ -312,7 +319,7 @@ class WorkSource:
         passes = np.empty_like(positions)
         for d in np.unique(ds):
             sel = ds == d
-            n = self.sizes[d]
+            n = self.pass_sizes[d]
             k = draws[sel]
             passes[sel] = k // n
             s, i = self._resolve(int(d), k // n, k % n)
@@ -321,11 +328,24 @@ class WorkSource:
         return ChunkPointers(lane, chunk_id, positions, ds, shard_ids, sample_idx, passes)
 
     def _resolve(self, d: int, passes: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(shards, indexes)`` of draws ``p`` (in ``[0, pass_sizes[d])``) of passes ``passes`` of dataset ``d``.
+        A pass of m epochs is one permutation of m copies: copy ``c`` of it reads as epoch ``pass * m + c``."""
         shards = np.empty_like(p)
         idx = np.empty_like(p)
+        m, n = self.pass_sizes[d] // self.sizes[d], self.sizes[d]
         for e in np.unique(passes):
             sel = passes == e
-            shards[sel], idx[sel] = self._resolve_pass(d, int(e), p[sel])
+            q = p[sel]
+            if m == 1:
+                shards[sel], idx[sel] = self._resolve_pass(d, int(e), q)
+                continue
+            if self.shuffle:
+                q = IndexPermutation(m * n, derive_key(self.seed, "over-epochs", d, int(e)))(q)
+            sub_s, sub_i = np.empty_like(q), np.empty_like(q)
+            for c in np.unique(q // n):
+                at = q // n == c
+                sub_s[at], sub_i[at] = self._resolve_pass(d, int(e) * m + int(c), q[at] % n)
+            shards[sel], idx[sel] = sub_s, sub_i
         return shards, idx
 
     def _pass_layout_uncached(self, d: int, e: int):
@@ -364,44 +384,3 @@ class WorkSource:
 
 def _fmt(shares) -> str:
     return "[" + ", ".join(f"{float(x):.4g}" for x in shares) + "]"
-
-
-def _checked_weights(datasets, weights):
-    """``WorkSource``'s weights, one per dataset (default: equal).
-
-    datasets: the source's datasets. weights: None, a list of numbers or a ``Schedule``.
-    Raises ValueError for no dataset, or weights (or a schedule) for another number of datasets.
-    """
-    if not datasets:
-        raise ValueError("WorkSource needs at least one dataset")
-    if weights is None:
-        weights = [1] * len(datasets)
-    if isinstance(weights, Schedule):
-        if weights.num_datasets != len(datasets):
-            raise ValueError(f"a schedule of {weights.num_datasets} datasets for {len(datasets)} datasets")
-    elif len(weights) != len(datasets):
-        raise ValueError(f"{len(weights)} mixture weights for {len(datasets)} datasets")
-    return weights
-
-
-def _checked_quota(weights) -> list[int]:
-    """``exhaustion="quota"``'s weights: draws per dataset in one pass. Raises ValueError unless ints >= 1."""
-    if isinstance(weights, Schedule) or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1
-                                                for w in weights):
-        raise ValueError(f"exhaustion='quota' needs one int >= 1 per dataset (its draws in one pass), got {weights!r}")
-    return [int(w) for w in weights]
-
-
-def _check_options(seed, canonical_replicas, chunk_size, exhaustion, fill_multiple, shuffle_block_size) -> None:
-    """``WorkSource``'s option checks (arguments as there). Raises ValueError naming the bad option."""
-    if not all(isinstance(v, int) for v in (canonical_replicas, chunk_size, seed)):
-        raise ValueError(f"canonical_replicas, chunk_size and seed must be ints, got "
-                         f"{canonical_replicas!r}, {chunk_size!r}, {seed!r}")
-    if canonical_replicas < 1 or chunk_size < 1:
-        raise ValueError(f"canonical_replicas and chunk_size must be >= 1, got {canonical_replicas}, {chunk_size}")
-    if exhaustion not in EXHAUSTION_POLICIES:
-        raise ValueError(f"exhaustion must be one of {EXHAUSTION_POLICIES}, got {exhaustion!r}")
-    if not isinstance(fill_multiple, int) or fill_multiple < 1:
-        raise ValueError(f"fill_multiple must be an int >= 1, got {fill_multiple!r}")
-    if shuffle_block_size is not None and shuffle_block_size < 1:
-        raise ValueError(f"shuffle_block_size must be >= 1 or None, got {shuffle_block_size}")

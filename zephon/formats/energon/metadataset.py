@@ -76,6 +76,9 @@ def _node(node, yaml_path, split_part, subflavors, parent_subset, seen, where) -
     """Leaves and blend mode of one node (a blend, a blend_epochized or a dataset reference)."""
     if not isinstance(node, dict):
         raise ValueError(f"{where}: expected a mapping, got {node!r}")
+    if "aux" in node:
+        raise ValueError(f"{where}.aux: auxiliary datasets are not supported by zephon (no file stores); put the data "
+                         f"in the samples' parts, or join a dataset holding it")
     if "join" in node:
         return [_join(node, yaml_path, split_part, subflavors, parent_subset, where)], "none"
     if "blend" in node or "blend_epochized" in node:
