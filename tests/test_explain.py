@@ -175,3 +175,57 @@ def test_a_checkpoint_without_skips_keeps_its_keys(dirs, tokenizer_path):
     _, state, _ = digests_run(dirs, tokenizer_path, 2, 3)
     assert "skips" not in state["config"]
     assert all("skipped_rows" not in e for e in state["lanes"])
+
+
+# ------------------------------------------------------------------------------------------ diff
+
+def first_differing_delivered(a, b, steps):
+    """Oracle: the first step at which two uninterrupted loaders' delivered rows differ (source ids and tokens)."""
+    da, db = delivered([a], steps), delivered([b], steps)
+    for s in range(steps):
+        keys = sorted(k for k in da if k[0] == s)
+        if keys != sorted(k for k in db if k[0] == s) or any(
+                str(da[k][0]) != str(db[k][0]) or list(da[k][1]) != list(db[k][1]) for k in keys):
+            return s
+    return None
+
+
+def test_diff_names_the_first_step_a_shuffle_buffer_or_an_appended_phase_moves(dirs, tokenizer_path):
+    from zephon.engine.diff import compare_plans
+
+    kw = {"micro_batch": 2, "flush_every_k_chunks": 0.25}
+    old = make_loader(dirs, tokenizer_path, shuffle_buffer=4, **kw)
+    new = make_loader(dirs, tokenizer_path, shuffle_buffer=6, **kw)
+    report = compare_plans(old.plan, new.plan, 12)
+    assert report["first_differing_step"] == first_differing_delivered(old, new, 12) is not None
+    assert sum(report["moved"].values()) > 0 and any("buffer_size" in c for c in report["config"])
+    same = compare_plans(old.plan, make_loader(dirs, tokenizer_path, shuffle_buffer=4, dp=4, **kw).plan, 6)
+    assert same["first_differing_step"] is None and set(same["moved"].values()) == {0}
+    base = [{"linear": {0: 3, 6: 1}}, {"linear": {0: 1, 6: 3}}]
+    appended = [{"linear": {0: 3, 6: 1, 9: 1, 10: 0}}, {"linear": {0: 1, 6: 3}}]  # a phase from step 10 on
+    a = make_loader(dirs, tokenizer_path, weights=Schedule(base), **kw)
+    b = make_loader(dirs, tokenizer_path, weights=Schedule(appended), **kw)
+    report = compare_plans(a.plan, b.plan, 14)
+    assert report["first_differing_step"] == first_differing_delivered(a, b, 14)
+    # packed rows gather documents ahead of their step: the new phase's documents reach batches before step 10
+    assert report["first_differing_step"] is not None and report["first_differing_step"] <= 10
+
+
+def test_cli_explain_and_diff(dirs, tokenizer_path, capsys):
+    from zephon.cli import main
+
+    flags = ["--data", dirs[0], "--data", dirs[1], "--tokenizer", tokenizer_path, "--eos-token", "<eos>",
+             "--canonical-replicas", "4", "--max-length", "128", "--dp", "2", "--chunk-size", "16"]
+    assert main(["explain", "3", "--json", *flags]) == 0
+    ex = json.loads(capsys.readouterr().out)
+    assert {r["lane"] for r in ex["rows"]} == {0, 1, 2, 3} and all(r["step"] == 3 for r in ex["rows"])
+    for r in ex["rows"]:
+        for p in r["pieces"]:
+            read_line(p)
+    assert main(["explain", "2:4", *flags, "--text"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n   2  (     2)") >= 4 and "    | " in out
+    assert main(["diff", *flags, "--against", "--shuffle-buffer 8", "--compare-steps", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "first global step whose batch differs: " in out and "buffer_size" in out
+    assert main(["explain", "x", *flags]) == 2
