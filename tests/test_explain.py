@@ -51,13 +51,18 @@ def read_line(piece):
     return json.loads(raw)["text"]
 
 
-def check_rows(ex, got, tokenizer_path=None):
+def check_rows(ex, got, tokenizer_path=None, packed=False):
+    """``explain``'s rows against delivered ones (``got``: key -> (__src__ or None, input_ids, text)): the same keys,
+    the same source ids, and each piece's tokens (re-tokenized here from the file) where the row holds them."""
     tok = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
     assert {(r["step"], r["lane"], r["micro"], r["row"]) for r in ex["rows"]} == set(got)
     for r in ex["rows"]:
         src, ids, text = got[(r["step"], r["lane"], r["micro"], r["row"])]
         pieces = r["pieces"]
-        if isinstance(src, list):  # packed: (position, piece) per document
+        assert pieces or not packed
+        if src is None:
+            pass
+        elif isinstance(src, list):  # packed: (position, piece) per document
             assert [tuple(x) for x in src] == [(p["position"], p["piece"]) for p in pieces]
         else:
             assert tuple(src) == (pieces[0]["dataset"], pieces[0]["shard"], pieces[0]["sample"],
@@ -229,3 +234,44 @@ def test_cli_explain_and_diff(dirs, tokenizer_path, capsys):
     out = capsys.readouterr().out
     assert "first global step whose batch differs: " in out and "buffer_size" in out
     assert main(["explain", "x", *flags]) == 2
+
+
+# ------------------------------------------------------------------------------------------ a host adapter
+
+def test_torch_adapter_explains_its_rows_and_skips_through_its_state(dirs, tokenizer_path):
+    pytest.importorskip("torch")
+    import zephon_torch
+    from torch_jobs import make_dataset
+    from zephon.checkpoint import skip_in_state
+
+    def run(dp, workers, stop, state=None):
+        got, states = {}, []
+        for r in range(dp):
+            dl = zephon_torch.StatefulDataLoader(make_dataset(dirs, tokenizer_path, dp=dp, rank=r),
+                                                 num_workers=workers)
+            if state is not None:
+                dl.load_state_dict(state)
+            per_step = len(dl.dataset.plan.rank_lanes) * dl.dataset.plan.rows_per_lane_step
+            mine = set()
+            for b in dl:
+                lanes = b["__lane__"].reshape(-1).tolist() * (len(b["input_ids"]) if b["__lane__"].ndim == 0 else 1)
+                for i, lane in enumerate(lanes):
+                    row = lanes[:i].count(lane)  # rows of the same lane before it in this batch
+                    key = (int(b["__step__"]), int(lane), int(b["__micro__"]), row)
+                    got[key] = b["input_ids"][i].numpy()
+                    mine.add(key)
+                if sum(k[0] == stop - 1 for k in mine) == per_step:
+                    break
+            states.append(dl.state_dict())
+        return got, merge_states(states), dl.dataset
+
+    ref, _, ds = run(1, 0, 8)
+    ex = ds.explain(range(5, 8))
+    check_rows(ex, {k: (None, v, None) for k, v in ref.items() if k[0] >= 5}, tokenizer_path, packed=True)
+    _, state, _ = run(2, 2, 3)
+    skipping = json.loads(json.dumps(skip_in_state(state, (4, 6))))
+    got, state, ds = run(4, 0, 6, skipping)  # steps 3..5 deliver stream steps 3, 6, 7
+    assert ds.plan.skips == [[4, 6]] and state["config"]["skips"] == [[4, 6]]
+    ex = ds.explain(range(3, 6))
+    assert [r["stream_step"] for r in ex["rows"] if r["lane"] == 0 and r["micro"] == 0] == [3, 6, 7]
+    check_rows(ex, {k: (None, v, None) for k, v in got.items() if k[0] >= 3}, tokenizer_path, packed=True)
