@@ -51,13 +51,18 @@ def read_line(piece):
     return json.loads(raw)["text"]
 
 
-def check_rows(ex, got, tokenizer_path=None):
+def check_rows(ex, got, tokenizer_path=None, packed=False):
+    """``explain``'s rows against delivered ones (``got``: key -> (__src__ or None, input_ids, text)): the same keys,
+    the same source ids, and each piece's tokens (re-tokenized here from the file) where the row holds them."""
     tok = Tokenizer.from_file(tokenizer_path) if tokenizer_path else None
     assert {(r["step"], r["lane"], r["micro"], r["row"]) for r in ex["rows"]} == set(got)
     for r in ex["rows"]:
         src, ids, text = got[(r["step"], r["lane"], r["micro"], r["row"])]
         pieces = r["pieces"]
-        if isinstance(src, list):  # packed: (position, piece) per document
+        assert pieces or not packed
+        if src is None:
+            pass
+        elif isinstance(src, list):  # packed: (position, piece) per document
             assert [tuple(x) for x in src] == [(p["position"], p["piece"]) for p in pieces]
         else:
             assert tuple(src) == (pieces[0]["dataset"], pieces[0]["shard"], pieces[0]["sample"],
@@ -175,3 +180,98 @@ def test_a_checkpoint_without_skips_keeps_its_keys(dirs, tokenizer_path):
     _, state, _ = digests_run(dirs, tokenizer_path, 2, 3)
     assert "skips" not in state["config"]
     assert all("skipped_rows" not in e for e in state["lanes"])
+
+
+# ------------------------------------------------------------------------------------------ diff
+
+def first_differing_delivered(a, b, steps):
+    """Oracle: the first step at which two uninterrupted loaders' delivered rows differ (source ids and tokens)."""
+    da, db = delivered([a], steps), delivered([b], steps)
+    for s in range(steps):
+        keys = sorted(k for k in da if k[0] == s)
+        if keys != sorted(k for k in db if k[0] == s) or any(
+                str(da[k][0]) != str(db[k][0]) or list(da[k][1]) != list(db[k][1]) for k in keys):
+            return s
+    return None
+
+
+def test_diff_names_the_first_step_a_shuffle_buffer_or_an_appended_phase_moves(dirs, tokenizer_path):
+    from zephon.engine.diff import compare_plans
+
+    kw = {"micro_batch": 2, "flush_every_k_chunks": 0.25}
+    old = make_loader(dirs, tokenizer_path, shuffle_buffer=4, **kw)
+    new = make_loader(dirs, tokenizer_path, shuffle_buffer=6, **kw)
+    report = compare_plans(old.plan, new.plan, 12)
+    assert report["first_differing_step"] == first_differing_delivered(old, new, 12) is not None
+    assert sum(report["moved"].values()) > 0 and any("buffer_size" in c for c in report["config"])
+    same = compare_plans(old.plan, make_loader(dirs, tokenizer_path, shuffle_buffer=4, dp=4, **kw).plan, 6)
+    assert same["first_differing_step"] is None and set(same["moved"].values()) == {0}
+    base = [{"linear": {0: 3, 6: 1}}, {"linear": {0: 1, 6: 3}}]
+    appended = [{"linear": {0: 3, 6: 1, 9: 1, 10: 0}}, {"linear": {0: 1, 6: 3}}]  # a phase from step 10 on
+    a = make_loader(dirs, tokenizer_path, weights=Schedule(base), **kw)
+    b = make_loader(dirs, tokenizer_path, weights=Schedule(appended), **kw)
+    report = compare_plans(a.plan, b.plan, 14)
+    assert report["first_differing_step"] == first_differing_delivered(a, b, 14)
+    # packed rows gather documents ahead of their step: the new phase's documents reach batches before step 10
+    assert report["first_differing_step"] is not None and report["first_differing_step"] <= 10
+
+
+def test_cli_explain_and_diff(dirs, tokenizer_path, capsys):
+    from zephon.cli import main
+
+    flags = ["--data", dirs[0], "--data", dirs[1], "--tokenizer", tokenizer_path, "--eos-token", "<eos>",
+             "--canonical-replicas", "4", "--max-length", "128", "--dp", "2", "--chunk-size", "16"]
+    assert main(["explain", "3", "--json", *flags]) == 0
+    ex = json.loads(capsys.readouterr().out)
+    assert {r["lane"] for r in ex["rows"]} == {0, 1, 2, 3} and all(r["step"] == 3 for r in ex["rows"])
+    for r in ex["rows"]:
+        for p in r["pieces"]:
+            read_line(p)
+    assert main(["explain", "2:4", *flags, "--text"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n   2  (     2)") >= 4 and "    | " in out
+    assert main(["diff", *flags, "--against", "--shuffle-buffer 8", "--compare-steps", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "first global step whose batch differs: " in out and "buffer_size" in out
+    assert main(["explain", "x", *flags]) == 2
+
+
+# ------------------------------------------------------------------------------------------ a host adapter
+
+def test_torch_adapter_explains_its_rows_and_skips_through_its_state(dirs, tokenizer_path):
+    pytest.importorskip("torch")
+    import zephon_torch
+    from torch_jobs import make_dataset
+    from zephon.checkpoint import skip_in_state
+
+    def run(dp, workers, stop, state=None):
+        got, states = {}, []
+        for r in range(dp):
+            dl = zephon_torch.StatefulDataLoader(make_dataset(dirs, tokenizer_path, dp=dp, rank=r),
+                                                 num_workers=workers)
+            if state is not None:
+                dl.load_state_dict(state)
+            per_step = len(dl.dataset.plan.rank_lanes) * dl.dataset.plan.rows_per_lane_step
+            mine = set()
+            for b in dl:
+                lanes = b["__lane__"].reshape(-1).tolist() * (len(b["input_ids"]) if b["__lane__"].ndim == 0 else 1)
+                for i, lane in enumerate(lanes):
+                    row = lanes[:i].count(lane)  # rows of the same lane before it in this batch
+                    key = (int(b["__step__"]), int(lane), int(b["__micro__"]), row)
+                    got[key] = b["input_ids"][i].numpy()
+                    mine.add(key)
+                if sum(k[0] == stop - 1 for k in mine) == per_step:
+                    break
+            states.append(dl.state_dict())
+        return got, merge_states(states), dl.dataset
+
+    ref, _, ds = run(1, 0, 8)
+    ex = ds.explain(range(5, 8))
+    check_rows(ex, {k: (None, v, None) for k, v in ref.items() if k[0] >= 5}, tokenizer_path, packed=True)
+    _, state, _ = run(2, 2, 3)
+    skipping = json.loads(json.dumps(skip_in_state(state, (4, 6))))
+    got, state, ds = run(4, 0, 6, skipping)  # steps 3..5 deliver stream steps 3, 6, 7
+    assert ds.plan.skips == [[4, 6]] and state["config"]["skips"] == [[4, 6]]
+    ex = ds.explain(range(3, 6))
+    assert [r["stream_step"] for r in ex["rows"] if r["lane"] == 0 and r["micro"] == 0] == [3, 6, 7]
+    check_rows(ex, {k: (None, v, None) for k, v in got.items() if k[0] >= 3}, tokenizer_path, packed=True)

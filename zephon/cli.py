@@ -1,5 +1,6 @@
 """The ``zephon`` command: ``demo`` (the embedded default), ``verify`` (elastic determinism on your
-data) and ``inspect`` (what a path holds)."""
+data), ``inspect`` (what a path holds), ``explain`` and ``diff`` (``cli_debug``: what a step holds, what a config
+change moves)."""
 from __future__ import annotations
 
 import argparse
@@ -344,7 +345,9 @@ def _pipeline_args(p, demo: bool) -> None:
     p.add_argument("--no-progress", action="store_true")
 
 
-def main(argv=None) -> int:
+def main_parser() -> argparse.ArgumentParser:
+    """The ``zephon`` command's argument parser (every subcommand)."""
+    from . import cli_debug
     from .cli_formats import add_format_args
 
     parser = argparse.ArgumentParser(prog="zephon", description=__doc__)
@@ -372,16 +375,25 @@ def main(argv=None) -> int:
     insp.add_argument("--json", action="store_true")
     insp.add_argument("--no-progress", action="store_true")
     add_format_args(insp)
+    cli_debug.add_parsers(sub, _pipeline_args, add_format_args)
+    return parser
+
+
+def main(argv=None) -> int:
+    from . import cli_debug
+    parser = main_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv
     if args.cmd in ("demo", "verify") and not 0 < args.checkpoint_step < args.steps:
         parser.error(f"need 0 < --checkpoint-step ({args.checkpoint_step}) < --steps ({args.steps})")
     from .checkpoint import CheckpointError
-    from .formats import DataError
-    from .formats.remote import RemoteError
+    from .formats import DataError, remote
     from .work import TopologyError
     try:
-        return {"demo": cmd_demo, "verify": cmd_verify, "inspect": cmd_inspect}[args.cmd](args)
-    except (DataError, CheckpointError, TopologyError, ValueError, OSError, RemoteError) as e:
+        return {"demo": cmd_demo, "verify": cmd_verify, "inspect": cmd_inspect, "explain": cli_debug.run,
+                "diff": cli_debug.run}[args.cmd](args)
+    except (DataError, CheckpointError, TopologyError, ValueError, OSError, remote.RemoteError) as e:
         # bad input or arguments: one clear line, no traceback (ValueError covers bad sizes and options)
         print(f"zephon: error: {e}", file=sys.stderr)
         return 2

@@ -54,9 +54,17 @@ class EnergonDataset(IterableDataset):
             agreement_group=getattr(worker_config, "data_parallel_group", None),
             warn_context={"host": "zephon_energon", "drop_last": "batch_drop_last={}", "finite": "repeat=False",
                           "dropped": "loader.dropped_rows"})
-        self.plan = self.session.plan  # the rank's derived config: lanes, fingerprint, step sizes
         self._batch_hooks = overridden(task_encoder, "batch"), overridden(task_encoder, "encode_batch")
         self._since_gc = 0
+
+    @property
+    def plan(self):
+        """The rank's derived config (``zephon.engine.LoaderPlan``: lanes, fingerprint, step sizes, skipped steps)."""
+        return self.session.plan
+
+    def explain(self, steps, state=None, text_field=None) -> dict:
+        """Every row of the global batches of ``steps`` (``zephon.host.RankSession.explain``)."""
+        return self.session.explain(steps, state=state, text_field=text_field)
 
     def __len__(self) -> int:
         if self.virtual_epoch_length:

@@ -15,7 +15,7 @@ import weakref
 from torch.utils.data import IterableDataset
 
 from zephon import LoaderPlan
-from zephon.host import Channel, RankSession, private_dir
+from zephon.host import Channel, RankSession, explain, private_dir
 from zephon.ops import Batch, Decode, Pack, Tokenize
 from zephon.work import Schedule, TopologyError, epoch_steps, lanes_for_rank
 
@@ -256,6 +256,11 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
         return S
 
     # -- Mosaic surface -----------------------------------------------------------------------------
+    def explain(self, steps, epoch: int = 0, text_field=None) -> dict:
+        """Every row of the global batches of ``steps`` of epoch ``epoch`` (``zephon.engine.explain.explain`` on
+        that epoch's plan; steps count from the epoch's start)."""
+        return explain(self._plan(epoch), steps, text_field=text_field)
+
     def __len__(self) -> int:
         """Samples this rank yields per epoch: ``steps_per_epoch x batch_size``, equal on every rank."""
         return self.length

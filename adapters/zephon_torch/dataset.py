@@ -77,9 +77,17 @@ class ZephonIterableDataset(IterableDataset):
         self._worker_runner = (worker_runner, worker_num_workers)
         self.session = RankSession.from_config(list(datasets), list(ops), dp_degree=dp_degree, dp_rank=dp_rank,
                                                **loader_kwargs)
-        self.plan = self.session.plan  # the rank's derived config: lanes, fingerprint, step sizes
         self._live: Loader | None = None
         self.report_drops = False  # set by this package's DataLoaders: (meta, numpy micro-batch) items
+
+    @property
+    def plan(self):
+        """The rank's derived config (``zephon.engine.LoaderPlan``: lanes, fingerprint, step sizes, skipped steps)."""
+        return self.session.plan
+
+    def explain(self, steps, state=None, text_field=None) -> dict:
+        """Every row of the global batches of ``steps`` (``zephon.host.RankSession.explain``)."""
+        return self.session.explain(steps, state=state, text_field=text_field)
 
     def __iter__(self):
         info = get_worker_info()

@@ -11,10 +11,12 @@ from .merge import merge_rank_states, merge_states
 from .schema import (ALGORITHM_VERSION, FORMAT, LANE_KEYS, CheckpointError, LaneCursor, canonical_json, config_diff,
                      config_digest, digest, first_step, initial_lanes, lane_ranges, make_state, summarize_config,
                      validate)
+from .skips import skip_in_state
 from .shared_dir import DirectoryAggregator, committed_rounds, latest_checkpoint
 from .torch_dist import TorchDistAggregator
 
 __all__ = ["ALGORITHM_VERSION", "AggregationError", "Aggregator", "CheckpointError", "DirectoryAggregator", "FORMAT",
            "LANE_KEYS", "LaneCursor", "LocalAggregator", "TorchDistAggregator", "canonical_json", "committed_rounds",
            "config_diff", "config_digest", "digest", "first_step", "gather_checkpoint", "initial_lanes", "lane_ranges",
-           "latest_checkpoint", "make_state", "merge_rank_states", "merge_states", "summarize_config", "validate"]
+           "latest_checkpoint", "make_state", "merge_rank_states", "merge_states", "skip_in_state", "summarize_config",
+           "validate"]

@@ -84,3 +84,43 @@ def check_skips(skips) -> list[list[int]]:
             raise ValueError(f"config {SKIPS_KEY!r}: entry {s!r} is not a [first, end] list")
         check_skip(s)
     return [list(s) for s in skips]
+
+
+def skip_in_state(state, skip_steps):
+    """A copy of a host's saved state whose Zephon checkpoints (every dict with the checkpoint ``format``, however
+    deeply the host nests them: a rank list, a DataLoader's state dict, DCP entries) also skip ``skip_steps``
+    (``(a, b)`` or a list of them, in today's step numbers); restoring it through any host skips them, as
+    ``Loader.restore(state, skip_steps=...)`` does. Only ``config.skips`` changes (outside the fingerprint and the
+    lane digest). Raises ``ValueError`` for a malformed skip, one that starts before a checkpoint's step (naming it)
+    or a state holding no checkpoint."""
+    from .schema import FORMAT
+
+    many = isinstance(skip_steps, (list, tuple)) and bool(skip_steps) and isinstance(skip_steps[0], (list, tuple))
+    ranges = sorted((check_skip(s) for s in (skip_steps if many else [skip_steps])), key=lambda s: -s[0])
+    found = []
+
+    def walk(obj):
+        if isinstance(obj, dict) and obj.get("format") == FORMAT and isinstance(obj.get("config"), dict):
+            skips = check_skips(obj["config"].get(SKIPS_KEY, []))
+            for skip in ranges:  # several ranges of one call are all in today's numbers: the last first
+                skips = add_skip(skips, skip, checkpoint_step(obj))
+            found.append(obj)
+            return {**obj, "config": {**obj["config"], SKIPS_KEY: skips}}
+        if isinstance(obj, dict):
+            return {k: walk(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(walk(v) for v in obj)
+        return obj
+    out = walk(state)
+    if not found:
+        raise ValueError("skip_steps: the state holds no Zephon checkpoint (a dict with format "
+                         f"{FORMAT!r}) to record the skip in")
+    return out
+
+
+def checkpoint_step(state: dict) -> int:
+    """The first step no lane of checkpoint ``state`` has delivered a row of (a ragged checkpoint: the step its
+    furthest lane is in), the earliest a skip may start."""
+    rps = state.get("rows_per_lane_step") or 1
+    rows = [e.get("delivered_rows") for e in state.get("lanes") or [] if isinstance(e, dict)]
+    return max([-(-r // rps) for r in rows if type(r) is int] + [state.get("step") or 0])

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from .. import checkpoint as ckpt
-from ..checkpoint.skips import SKIPS_KEY, add_skip, check_skip, check_skips, skipped_rows
+from ..checkpoint.skips import SKIPS_KEY, check_skips, skip_in_state, skipped_rows
 from ..ops.batch import Batch
 from ..work import WorkSource, check_share_rows, lane_share, lanes_for_rank
 from .checks import check_datasets, check_finite_lanes, check_ops
@@ -189,16 +189,8 @@ class LoaderPlan:
         before the checkpoint's step (naming it) or a malformed one."""
         skips = self.skips_of(state)
         if skip_steps is not None:
-            many = isinstance(skip_steps, (list, tuple)) and skip_steps and isinstance(skip_steps[0], (list, tuple))
-            rps = self.rows_per_lane_step
-            lanes = state.get("lanes") if isinstance(state.get("lanes"), list) else []
-            rows = [e.get("delivered_rows") for e in lanes if isinstance(e, dict)]
-            # a ragged checkpoint: the step the furthest lane is in (its rows of it were delivered)
-            step = max([-(-r // rps) for r in rows if type(r) is int] + [state.get("step") or 0])
             try:
-                # several ranges of one restore are all in today's step numbers: add the last first
-                for skip in sorted(skip_steps if many else [skip_steps], key=lambda s: -check_skip(s)[0]):
-                    skips = add_skip(skips, skip, step)
+                skips = self.skips_of(skip_in_state(state, skip_steps))
             except ValueError as e:
                 raise ckpt.CheckpointError(str(e)) from None
         return self.with_skips(skips)

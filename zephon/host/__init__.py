@@ -5,7 +5,8 @@ the lanes (``exchange``) and a side channel from workers to the main process (``
 (``adapters/zephon_*``) translate host keywords, sample shapes and state shapes onto ``RankSession``; see
 docs/concepts.md.
 """
-from ..checkpoint import CheckpointError, gather_checkpoint, merge_rank_states
+from ..checkpoint import CheckpointError, gather_checkpoint, merge_rank_states, skip_in_state
+from ..engine.explain import explain
 from .agreement import StepAgreement, agreed_steps
 from .assembly import StepAssembly
 from .channel import Channel, private_dir
@@ -16,5 +17,6 @@ from .workers import worker_lanes
 from .states import decode_state, encode_state, state_capacity
 
 __all__ = ["Channel", "CheckpointError", "Progress", "RankSession", "StepAgreement", "StepAssembly", "StepExchange",
-           "agreed_steps", "decode_state", "encode_state", "exchange_steps", "gather_checkpoint", "initial_state",
-           "merge_rank_states", "private_dir", "state_capacity", "worker_lanes", "worker_steps"]
+           "agreed_steps", "decode_state", "encode_state", "exchange_steps", "explain", "gather_checkpoint",
+           "initial_state", "merge_rank_states", "private_dir", "skip_in_state", "state_capacity", "worker_lanes",
+           "worker_steps"]

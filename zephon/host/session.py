@@ -14,6 +14,7 @@ import logging
 
 from .. import checkpoint as ckpt
 from ..engine import Loader, LoaderPlan, empty_row
+from ..engine.explain import explain
 from ..engine.stage import DEFAULT_MAX_SKIP_FRACTION
 from ..ops.batch import collate, padding_micro_batch, padding_row
 from .agreement import StepAgreement, _dist, agreed_steps, padded_steps
@@ -242,6 +243,11 @@ class RankSession:
                 yield out
                 P.commit()
 
+    def explain(self, steps, state=None, text_field: str | None = None) -> dict:
+        """Every row of the global batches of ``steps`` under this rank's config and skipped steps (``rank`` is
+        the dp rank delivering it): ``engine.explain.explain``, which documents the arguments and the result."""
+        return explain(self.plan, steps, state=state, text_field=text_field)
+
     # -- state --------------------------------------------------------------------------------------
     def initial_state(self) -> dict:
         """This rank's checkpoint before anything was delivered."""
@@ -282,8 +288,10 @@ class RankSession:
         state = self.initial_state() if state is None else ckpt.merge_rank_states(state)
         lanes = self.plan.rank_lanes if worker is None or worker[0] == 0 else \
             worker_lanes(self.plan.rank_lanes, *worker)
-        by_lane = self.plan.validate(state, lanes)
-        self._start = self.plan.make_state([by_lane[lane] for lane in lanes])
+        plan = self.plan.with_restored_skips(state)  # the checkpoint's skipped steps (checkpoint.skip_in_state)
+        by_lane = plan.validate(state, lanes)
+        self.plan = self.progress.plan = plan
+        self._start = plan.make_state([by_lane[lane] for lane in lanes])
         self.progress.reset(self._start)
         self.dropped_rows = 0
         self._template = None
