@@ -356,6 +356,19 @@ def test_text_pipeline_packs_rows_elastically(data, tokenizer_path):
     assert two == [s["input_ids"].tolist() for s in one]
 
 
+def test_text_pipeline_concat_packing_fills_every_row(data, tokenizer_path):
+    """``packing="concat"``: every row full (no padding in an epoch that ends before the data does), the rows'
+    tokens the documents' tokens end to end, and two ranks give the same rows as one."""
+    kw = dict(tokenizer=tokenizer_path, text_column="text", max_seq_len=32, eos_id=1, epoch_size=64, chunk_size=64,
+              packing="concat")
+    one = [s for s in make(data, **kw)]
+    assert len(one) == 64 and all(int(s["attention_mask"].sum()) == 32 for s in one)
+    dsets = [make(data, r, 2, **kw) for r in range(2)]
+    its = [iter(DataLoader(d, batch_size=d.batch_size)) for d in dsets]
+    two = [row.tolist() for _ in range(64 // GBS) for b in [next(it) for it in its] for row in b["input_ids"]]
+    assert two == [s["input_ids"].tolist() for s in one]
+
+
 @pytest.mark.contract("streaming.mds_format")
 def test_mds_shards_written_by_mdswriter(tmp_path):
     from streaming import MDSWriter

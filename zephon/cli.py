@@ -132,6 +132,9 @@ def _print_verify(report, args, rows=None) -> int:
         print(f"  {ph.name:<14} runner={ph.runner:<9} workers={ph.workers} micro_batch={ph.micro_batch}: "
               f"first global batch after restore {ph.first_batch_s:.2f}s, cold start on the same dp "
               f"{cold:.2f}s (x{ph.first_batch_s / max(cold, 1e-9):.2f})")
+    if report.get("metrics"):
+        from .host.metrics import format_metrics
+        print(f"\nreference run (dp=1), {format_metrics(report['metrics'])}")
     if report["mismatches"]:
         for name, step in report["mismatches"]:
             print(f"MISMATCH: {name} first differs from the reference at step {step}", file=sys.stderr)

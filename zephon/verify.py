@@ -101,12 +101,12 @@ def elastic_verify(make_loader, *, dp: int, resume_dps, checkpoint_step: int, st
                    resume_micro_batch: int | None = None, progress=None) -> dict:
     """Reference (dp 1, steps ``[0, steps)``), a run on ``dp`` ranks to ``checkpoint_step``, then one
     resume per entry of ``resume_dps`` to ``steps``. Returns a report dict: phases, per-step digests,
-    checkpoint (the merged global state, JSON-round-tripped), its size in bytes, and ``mismatches``
-    (``[(phase, first differing step)]``)."""
+    checkpoint (the merged global state, JSON-round-tripped), its size in bytes, ``mismatches``
+    (``[(phase, first differing step)]``) and ``metrics`` (the reference run's ``Loader.metrics()``)."""
     if not 0 < checkpoint_step < steps:
         raise ValueError(f"need 0 < checkpoint_step ({checkpoint_step}) < steps ({steps})")
     ref = Phase("reference dp=1", 1, 0, steps, runner, workers, micro_batch)
-    run_phase(make_loader, ref, progress=progress)
+    ref_metrics = run_phase(make_loader, ref, progress=progress)[0].metrics()
     first = Phase(f"dp={dp}", dp, 0, checkpoint_step, runner, workers, micro_batch)
     loaders = run_phase(make_loader, first, progress=progress)
     blob = json.dumps(merge_states([L.checkpoint() for L in loaders]))
@@ -127,7 +127,8 @@ def elastic_verify(make_loader, *, dp: int, resume_dps, checkpoint_step: int, st
         if bad:
             mismatches.append((ph.name, bad[0]))
     return {"reference": ref, "checkpointed": first, "resumes": resumes,
-            "checkpoint": state, "checkpoint_bytes": len(blob.encode()), "mismatches": mismatches}
+            "checkpoint": state, "checkpoint_bytes": len(blob.encode()), "mismatches": mismatches,
+            "metrics": ref_metrics}
 
 
 def format_table(report: dict, rows=None, width: int = 12) -> str:

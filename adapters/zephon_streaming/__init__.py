@@ -3,6 +3,8 @@ with mosaicml-streaming 0.13's keyword names, on Zephon's lanes (see docs/stream
 from .dataset import StreamingDataset
 from .keywords import RefusedKeyword, Stream, detect_world
 from .loader import StreamingDataLoader
+from .metrics import ZephonMetrics
 from .state import STATE_FORMAT
 
-__all__ = ["STATE_FORMAT", "RefusedKeyword", "Stream", "StreamingDataLoader", "StreamingDataset", "detect_world"]
+__all__ = ["STATE_FORMAT", "RefusedKeyword", "Stream", "StreamingDataLoader", "StreamingDataset", "ZephonMetrics",
+           "detect_world"]

@@ -43,7 +43,9 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
 
     Zephon keywords: ``tokenizer`` (a ``tokenizers.Tokenizer`` or tokenizer.json path: tokenize
     ``text_column`` and pack into rows of ``max_seq_len`` tokens; ``eos_id`` appended per document;
-    needs ``epoch_size`` = packed rows per epoch), ``chunk_size`` (pointers per chunk; a one-pass
+    needs ``epoch_size`` = packed rows per epoch), ``packing`` (``"best_fit"``, ``"first_fit"`` or ``"concat"``:
+    documents end to end cut into rows, no padding, as llm-foundry's ``concat_tokens``), ``chunk_size``
+    (pointers per chunk; a one-pass
     epoch drops at most ``num_canonical_nodes x chunk_size + global batch`` samples at its end),
     ``runner`` / ``num_threads`` (the core runner inside each process), ``aggregate_dir`` /
     ``run_id`` (a shared directory to merge ranks' lanes in ``state_dict`` when torch.distributed is
@@ -68,7 +70,8 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
                  num_canonical_nodes=None, batch_size=None, shuffle=False, shuffle_algo="py1e", shuffle_seed=9176,
                  shuffle_block_size=None, batching_method="random", allow_unsafe_types=False, replication=None,
                  stream_name="stream", stream_config=None,
-                 tokenizer=None, text_column="text", max_seq_len=2048, eos_id=None, chunk_size=64,
+                 tokenizer=None, text_column="text", max_seq_len=2048, eos_id=None, packing="best_fit",
+                 chunk_size=64,
                  runner="inline", num_threads=2, aggregate_dir=None, run_id=None, state_timeout=60.0,
                  channel_dir=None, exchange_timeout=300.0):
         refuse_unsupported(sampling_method=sampling_method, sampling_granularity=sampling_granularity,
@@ -135,6 +138,7 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
         self.shuffle, self.shuffle_seed, self.shuffle_block_size = bool(shuffle), int(shuffle_seed), shuffle_block_size
         self.chunk_size = chunk_size
         self.tokenizer, self.text_column, self.max_seq_len, self.eos_id = tokenizer, text_column, max_seq_len, eos_id
+        self.packing = packing
         self.runner, self.num_threads = runner, num_threads
         self.aggregate_dir = aggregate_dir if aggregate_dir is not None else os.environ.get("ZEPHON_AGGREGATE_DIR")
         self.run_id = run_id
@@ -201,8 +205,9 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
             ops = []
             if self.text:
                 tok = Tokenize(self.tokenizer, field=self.text_column, eos_id=self.eos_id,
-                               add_eos=self.eos_id is not None, max_length=self.max_seq_len)
-                ops = [Decode(self.text_column), tok, Pack(self.max_seq_len)]
+                               add_eos=self.eos_id is not None,
+                               max_length=None if self.packing == "concat" else self.max_seq_len)
+                ops = [Decode(self.text_column), tok, Pack(self.max_seq_len, method=self.packing)]
             self._ops_cache = ops
         return list(self._ops_cache)
 

@@ -12,6 +12,7 @@ the rows already delivered.
 from __future__ import annotations
 
 from collections import deque
+from time import perf_counter
 from itertools import islice
 
 from ..checkpoint import LaneCursor
@@ -76,10 +77,12 @@ class LanePipeline:
     ``ledger``: the loader's ``stage.SkipLedger`` (per-dataset skip limits) or None. ``dry_limit``: pointers the
     lane may release without producing a row before that is an error (None: no limit; see ``Loader``).
     ``skipped``: ``(start, stop)`` ranges of the lane's stream rows not to deliver (skipped steps); they count in
-    the replay cursor and in ``LaneCursor.skipped_rows``, not in ``delivered_rows``."""
+    the replay cursor and in ``LaneCursor.skipped_rows``, not in ``delivered_rows``. ``metrics``: the loader's
+    ``metrics.MetricsCounter`` or None."""
 
     def __init__(self, lane: int, source, chain_ops, datasets, *, span: int, unit_size: int,
-                 start: LaneCursor | None = None, ledger=None, dry_limit: int | None = None, skipped=()):
+                 start: LaneCursor | None = None, ledger=None, dry_limit: int | None = None, skipped=(),
+                 metrics=None):
         self.lane = lane
         self.source = source
         self.datasets = datasets
@@ -130,7 +133,7 @@ class LanePipeline:
         self.skipped = 0
         self.skipped_messages: list[str] = []
         self.filtered = 0
-        self.ledger, self.dry_limit = ledger, dry_limit
+        self.ledger, self.dry_limit, self.metrics = ledger, dry_limit, metrics
         self.dry = 0  # pointers released since this lane last produced a row
 
     # -- dispatch ---------------------------------------------------------------------------
@@ -249,6 +252,8 @@ class LanePipeline:
         self.filtered += res.filtered
         if self.ledger is not None:
             self.ledger.add(res)
+        if self.metrics is not None:
+            self.metrics.add_unit(res)
         self.dry += sum(res.seen.values())
         self._emit(self._push_chain(res.records))
         if self.dry_limit is not None and self.dry > self.dry_limit:
@@ -275,7 +280,7 @@ class LanePipeline:
                     if op.name == "filter":
                         self.filtered += before - len(records)
                     continue
-                out = []
+                out, t = [], perf_counter()
                 for r in records:
                     out.extend(acc.push(r))
                 if flush and carry and i in self.carriers:
@@ -285,6 +290,8 @@ class LanePipeline:
                         carried[str(i)] = [[record_ref(r) for r in b] for b in held]
                 elif flush:
                     out += acc.flush()
+                if self.metrics is not None:
+                    self.metrics.add_pump(op.name, perf_counter() - t)
                 records = out
         except RecordError as e:
             raise error_for(self.datasets, e.src, str(e)) from None

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 import weakref
+from time import perf_counter
 
 from .. import checkpoint as ckpt
 from ..checkpoint.skips import stream_ranges
 from .explain import explain
 from .lane import LanePipeline
+from .metrics import MetricsCounter
 from .plan import LoaderPlan
 from .runners import RUNNERS, Runner, check_main_guarded, make_runner
 from .sharing import shared_micro_batches, shared_stats
@@ -159,6 +161,8 @@ class Loader:
         self._pending: dict | None = None
         self._generation = 0  # bumped by iter() and restore(): an older iterator must stop
         self.tail = Tail(self)
+        self._metrics = MetricsCounter(len(plan.datasets))
+        self._skips = (0, 0)  # skipped and filtered by the lanes of iterations before the current one
         self.max_skip_fraction = max_skip_fraction
         self._new_ledger()  # validates max_skip_fraction now
 
@@ -236,9 +240,12 @@ class Loader:
         ledger, dry_limit = self._new_ledger(), self._dry_limit()
         rps = self.rows_per_lane_step
         skipped = [(lo * rps, hi * rps) for lo, hi in stream_ranges(self.plan.skips)]
+        old = self._state.values()
+        self._skips = (self._skips[0] + sum(s.skipped for s in old), self._skips[1] + sum(s.filtered for s in old))
         self._state = {lane: LanePipeline(lane, self.source, self.chain_ops, self.datasets, span=self.flush_span,
                                        unit_size=self.unit_size, start=entries.get(lane), ledger=ledger,
-                                       dry_limit=dry_limit, skipped=skipped) for lane in self.lanes}
+                                       dry_limit=dry_limit, skipped=skipped, metrics=self._metrics)
+                       for lane in self.lanes}
 
     def _new_ledger(self) -> SkipLedger:
         """Per-dataset skip accounting for one iteration (``stage.SkipLedger``)."""
@@ -272,7 +279,12 @@ class Loader:
         self._generation += 1
         self._runner_iteration = generation = self._generation
         try:
-            yield from self.tail.steps(generation)
+            clock, wait = perf_counter, self._metrics.add_wait
+            t = clock()
+            for mb in self.tail.steps(generation):
+                wait(clock() - t)  # the consumer asked for this micro-batch at t
+                yield mb
+                t = clock()
         finally:
             if self._runner_iteration == generation:
                 self.close()
@@ -360,6 +372,33 @@ class Loader:
         if self.lane_shares > 1:  # the lane's rows are shared: count this rank's block of them (one lane)
             out.update(shared_stats(self, sum(s.delivered_rows for s in sts), self.padded_rows, self.dropped_rows))
         return out
+
+    def metrics(self) -> dict:
+        """What this loader did since it was built (all its iterations; a resume's replay, at most a flush span
+        per lane, counts again), cheap to read at any time (from any thread):
+
+        ``datasets``: per dataset name, ``samples`` (documents out of the worker stage) and ``tokens`` (theirs), their
+        ``sample_share`` / ``token_share`` and the mixture's ``target_share`` (sample weights, at the current
+        step under a schedule); ``rows``, ``micro_batches``, ``padding_rows`` (a finite pass's last steps),
+        ``tokens`` (in delivered rows), ``padding_tokens`` and ``padding_fraction`` (of delivered rows' slots);
+        ``skipped`` / ``filtered`` samples; ``stage_s``: seconds per stage (``read``, each operator by name;
+        worker stages summed over workers); ``consumer_wait_s`` and ``consumer_wait_fraction`` (of ``elapsed_s``:
+        time spent inside ``next()``, the loader making the training loop wait); ``worker_utilization`` (worker
+        seconds / (elapsed x workers)); ``units``; ``remote``: this process's object-storage downloads and bytes.
+        Exporters: ``zephon.host.metrics``; docs/metrics.md."""
+        sts = list(self._state.values())
+        step = min((s.lane_cursor().step(self.rows_per_lane_step) for s in sts), default=0)
+        schedule = self.source.schedule
+        weights = list(schedule.shares(step)) if schedule is not None else list(self.source.mixture.weights)
+        total = sum(weights) or 1
+        workers = 1 if self._runner_spec == "inline" else self.num_workers
+        names = [getattr(d, "name", None) or f"dataset{i}" for i, d in enumerate(self.datasets)]
+        names = [n if names.count(n) == 1 else f"{n}#{i}" for i, n in enumerate(names)]  # keys must differ
+        return self._metrics.snapshot(
+            names=names,
+            target=[float(w / total) for w in weights], workers=workers,
+            skipped=self._skips[0] + sum(s.skipped for s in sts),
+            filtered=self._skips[1] + sum(s.filtered for s in sts))
 
     def close(self) -> None:
         """Stop worker threads/processes this loader started (a shared runner is left running). An iteration

@@ -5,13 +5,14 @@ worker ran it or how a chunk was cut into units.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..formats import DataError
 from ..ops.base import RecordError
-from ..formats.records import ERROR, SRC, Src, src_of
+from ..formats.records import ERROR, PIECE, SRC, Src, src_of
 
 MAX_REPORTED = 20  # skipped-sample messages kept per unit for the report
 FIRST_SKIPS = 3  # per dataset, the skip messages a SkipLedger error quotes
@@ -33,6 +34,9 @@ class UnitResult:
     skipped_by: dict = field(default_factory=dict)
     kept_by: dict = field(default_factory=dict)
     first_skips: dict = field(default_factory=dict)
+    samples_by: dict = field(default_factory=dict)  # per dataset id: documents out (first pieces), for metrics
+    tokens_by: dict = field(default_factory=dict)   # per dataset id: their tokens (``num_tokens``), for metrics
+    times: dict = field(default_factory=dict)       # seconds per stage ("read", then each operator's name)
 
     def skip(self, d: int, message: str) -> None:
         """Count one skipped sample of dataset ``d`` (``on_error="skip"``), keeping the first messages."""
@@ -69,17 +73,28 @@ class WorkStage:
     def run(self, ptrs) -> UnitResult:
         """``ptrs``: a ``work.ChunkPointers`` slice. Returns a ``UnitResult``; never raises for bad data."""
         res = UnitResult()
+        times, clock = res.times, time.perf_counter
         try:
+            t = clock()
             records = self._read(ptrs, res)
+            times["read"] = (t1 := clock()) - t
             for op in self.ops:
                 before = len(records)
                 records = self._apply(op, records, res)
+                times[op.name] = times.get(op.name, 0.0) + (t := clock()) - t1
+                t1 = t
                 if op.name == "filter":
                     res.filtered += before - len(records)
             res.records = records
+            kept, samples, tokens = res.kept_by, res.samples_by, res.tokens_by
             for r in records:
                 d = src_of(r).dataset
-                res.kept_by[d] = res.kept_by.get(d, 0) + 1
+                kept[d] = kept.get(d, 0) + 1
+                if not r.get(PIECE):
+                    samples[d] = samples.get(d, 0) + 1
+                n = r.get("num_tokens")
+                if n:
+                    tokens[d] = tokens.get(d, 0) + n
         except RecordError as e:
             res.error = error_for(self.datasets, e.src, str(e))
         except DataError as e:

@@ -133,6 +133,7 @@ class Tail:
             mb[STATE] = st.state(after)
             mb[ROWS] = len(rows)
         self.handed = (st, after, n_real, n_pad)
+        L._metrics.add_micro_batch(mb, n_real, n_pad)
         yield mb
         self.commit()
         st.drop()  # finishes a drop an interrupted checkpoint() left (idempotent)
