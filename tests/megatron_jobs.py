@@ -10,8 +10,9 @@ iteration, as ``load_checkpoint`` finds it. The provider is ``zephon_energon.meg
 Megatron-LM's ``examples/multimodal/dataloader_provider.py``), which reads the states through
 ``get_checkpoint_name``.
 
-Patched, because they need CUDA and nothing else here does: the flags tensor that
-``build_train_valid_test_data_loaders`` creates with ``device="cuda"`` (made on the CPU instead). No model is
+Patched, because they need CUDA and nothing else here does: the tensors that ``build_train_valid_test_data_loaders``
+(its do-train/valid/test flags) and ``read_metadata`` (the iteration, all-reduced over ranks) create with
+``device="cuda"`` for a collective: made on the CPU instead, for gloo (``cpu_flags``). No model is
 built, so ``pretrain()``'s model and ``save_checkpoint``'s model part are not run; the tracker file
 ``latest_checkpointed_iteration.txt`` that ``save_checkpoint`` writes after the model is written by rank 0 here.
 """
@@ -111,7 +112,9 @@ def rank_job(rank, world, init_file, spec):
     parallel_state.initialize_model_parallel()  # tp = pp = 1: data-parallel size = world
     args = megatron_args(spec, world)
     if spec.get("load"):  # the iteration load_checkpoint resumes from
-        args.iteration, _release = checkpointing.read_metadata(checkpointing.get_checkpoint_tracker_filename(args.load))
+        with cpu_flags(checkpointing):  # read_metadata agrees on the iteration over ranks with a CUDA tensor
+            args.iteration, _release = checkpointing.read_metadata(
+                checkpointing.get_checkpoint_tracker_filename(args.load))
     set_args(args)
     provider.is_distributed = True  # as examples/multimodal/train.py marks its provider
     with cpu_flags(training):

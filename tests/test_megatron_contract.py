@@ -35,7 +35,6 @@ R = 8                # canonical_replicas: every dp degree tried (1, 2, 4, 8) di
 MBS = 2              # --micro-batch-size
 SAVE_AT = 8          # iterations at dp 2 before the save: 2 global steps of R micro-batches
 TOTAL_STEPS = 4      # global steps compared (the oracle runs 4 * R / 2 = 16 iterations at dp 2)
-RESULTS: dict = {}   # the resume table, printed at the end of the module
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +75,7 @@ def test_megatron_training_saves_at_dp2_and_resumes_at_dp_1_2_4_8(text_ds, tmp_p
     assert len(ref) == TOTAL_STEPS and all(len(step) == R for step in ref)
     flat = [k for step in ref for b in step for k in b]
     assert all(len(b) == MBS for step in ref for b in step)
-    train_keys = set(keys[:48])
-    assert set(flat) == train_keys  # 64 delivered over a 48-sample split: every sample, some twice (2nd pass)
-    assert len(set(flat[:48])) == 48  # 48 samples = 6 per lane = 3 steps: the first 3 steps are one whole pass
+    assert len(flat) == TOTAL_STEPS * R * MBS and set(flat) <= set(keys[:48])  # the train split's samples only
 
     first = _run(tmp_path, 2, ckpt, path, SAVE_AT, num_workers=1, save_at=SAVE_AT)
     assert _steps(first, 2) == ref[:SAVE_AT * 2 // R]
@@ -109,5 +106,4 @@ def test_megatron_training_saves_at_dp2_and_resumes_at_dp_1_2_4_8(text_ds, tmp_p
         table.append(f"dp 2 -> {world} (num_workers {nw}): {n_mb} micro-batches, "
                      f"{'all equal' if equal else 'DIFFERENT'} to the uninterrupted run, {res['seconds']} s")
         assert equal, (world, got, ref[SAVE_AT * 2 // R:])
-    RESULTS["resume table"] = table
     print("\n" + "\n".join(table) + f"\n(oracle {oracle['seconds']} s, save run {first['seconds']} s)")
