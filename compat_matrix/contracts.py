@@ -23,6 +23,7 @@ HOSTS = {
     "energon": "Megatron-Energon (zephon_energon, megatron.energon API)",
     "torch": "PyTorch DataLoader / torchdata StatefulDataLoader / torch.distributed (zephon_torch)",
     "torchtitan": "TorchTitan (zephon_torch.titan)",
+    "megatron": "Megatron-LM's own training code (megatron.training) driving zephon_energon",
 }
 
 _ROWS = [
@@ -55,6 +56,13 @@ _ROWS = [
     ("energon.elastic", "restore at another world size / num_workers gives identical global batches"),
     ("energon.val", "get_val_dataset(s): one ordered pass split over ranks, limit like Energon"),
     ("energon.megatron", "Megatron-LM dataset provider resumes at another world size"),
+    # Megatron-LM (megatron-core's megatron.training, with megatron.energon swapped for zephon_energon)
+    ("megatron.loaders",
+     "build_train_valid_test_datasets + build_pretraining_data_loader (dataloader_type external) iterate "
+     "zephon_energon's loaders through RerunDataIterator on real gloo ranks, keys equal to an uninterrupted run"),
+    ("megatron.dataloader_state",
+     "maybe_save_dataloader_state writes train_dataloader_dprank{dp:03d}.pt under get_checkpoint_name; "
+     "Megatron's load path resumes at dp 1/2/4/8 with every micro-batch equal to an uninterrupted run"),
     # torch
     ("torch.dataloader", "torch DataLoader workers (num_workers 0..3) reproduce the rank's global batches"),
     ("torch.stateful", "StatefulDataLoader state_dict/load_state_dict: JSON, resumes at other num_workers and dp"),

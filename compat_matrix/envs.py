@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .contracts import HOSTS
+from .shared_wheels import link_shared
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = Path(__file__).resolve().parent / "manifest.toml"
@@ -134,6 +135,8 @@ def build(spec: EnvSpec, root: Path, *, fresh: bool = False, log=print) -> Path:
     t0 = time.monotonic()
     with open(logfile, "w") as fh:
         for cmd in ([python, "-m", "venv", str(venv)], [str(venv / "bin" / "python"), "-m", "pip", "install", *args]):
+            if "pip" in cmd:  # the venv exists: share the CUDA runtime wheels of built siblings (shared_wheels.py)
+                link_shared(root, venv, log)
             log(f"[{spec.name}] {' '.join(cmd)}")
             fh.write(f"$ {' '.join(cmd)}\n")
             fh.flush()

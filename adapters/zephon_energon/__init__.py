@@ -39,11 +39,12 @@ from megatron.energon import (  # noqa: F401  (re-exported: one import line to c
 from .dataset import (DEFAULT_CANONICAL_REPLICAS, EnergonDataset, RefusedKeyword, ZephonEnergonWarning,
                       get_train_dataset, get_val_dataset, get_val_datasets)
 from .loader import BasicDataLoader, SavableDataLoader, get_loader, get_savable_loader
+from .wrappers import LimitDataset, RepeatDataset
 
 __all__ = [
     "DEFAULT_CANONICAL_REPLICAS", "BasicDataLoader", "Batch", "CaptioningSample", "Cooker", "CrudeSample",
-    "DefaultTaskEncoder", "EnergonDataset", "ImageClassificationSample", "ImageSample", "InterleavedSample",
-    "MultiChoiceVQASample", "OCRSample", "RefusedKeyword", "Sample", "SavableDataLoader",
+    "DefaultTaskEncoder", "EnergonDataset", "ImageClassificationSample", "ImageSample", "InterleavedSample", "LimitDataset",
+    "MultiChoiceVQASample", "OCRSample", "RefusedKeyword", "RepeatDataset", "Sample", "SavableDataLoader",
     "SimilarityInterleavedSample", "SkipSample", "TaskEncoder", "TextSample", "VQASample", "VidQASample",
     "WorkerConfig", "ZephonEnergonWarning", "basic_sample_keys", "batch_list", "batch_pad_stack", "batch_stack",
     "cooker", "edataclass", "generic_batch", "get_loader", "get_savable_loader", "get_train_dataset",

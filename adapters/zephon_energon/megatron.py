@@ -47,11 +47,16 @@ def checkpoint_name(save_dir: str, iteration: int, dp_rank: int) -> str:
     pipeline parallelism): ``<dir>/iter_<iteration:07d>/mp_rank_00/train_dataloader_dprank<r:03d>.pt``."""
     try:
         from megatron.training.checkpointing import get_checkpoint_name
-        return get_checkpoint_name(save_dir, iteration, pipeline_parallel=False, tensor_rank=0, pipeline_rank=0,
-                                   expert_parallel=False, expert_rank=0,
-                                   basename=f"train_dataloader_dprank{dp_rank:03d}.pt")
     except ImportError:
-        return os.path.join(save_dir, f"iter_{iteration:07d}", "mp_rank_00", f"train_dataloader_dprank{dp_rank:03d}.pt")
+        return default_checkpoint_name(save_dir, iteration, dp_rank)
+    return get_checkpoint_name(save_dir, iteration, pipeline_parallel=False, tensor_rank=0, pipeline_rank=0,
+                               expert_parallel=False, expert_rank=0, basename=f"train_dataloader_dprank{dp_rank:03d}.pt")
+
+
+def default_checkpoint_name(save_dir: str, iteration: int, dp_rank: int) -> str:
+    """``checkpoint_name`` where ``megatron.training`` is not importable: the same path, spelled out
+    (tests/test_megatron_contract.py checks both against megatron-core's files)."""
+    return os.path.join(save_dir, f"iter_{iteration:07d}", "mp_rank_00", f"train_dataloader_dprank{dp_rank:03d}.pt")
 
 
 def load_saved_states(save_dir: str, iteration: int) -> list:
