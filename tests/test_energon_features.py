@@ -1,4 +1,5 @@
-"""zephon_energon features Megatron users configure (issue 25 item 3), each against megatron-energon 7.4 itself.
+"""zephon_energon features Megatron users configure (issue 25 item 3), each against megatron-energon 7.4 itself
+(elastic resumes of the other sources and two more join forms: `pytest -m slow tests/test_energon_features.py`).
 
 Data: the prepared text dataset of test_energon_adapter (real ``webdataset.ShardWriter`` tars, Energon's own
 prepare). Oracles: megatron.energon's loader on the same data and task encoder (key multiset per pass, batch
@@ -92,22 +93,23 @@ GROUP_KW = dict(task_encoder=GroupTE(True), batch_size=None, flush_span=8, chunk
 
 @pytest.fixture(scope="module")
 def group_save(text_ds):
-    """World size 4 with 2 workers per rank, grouped batching, saved after k global steps."""
+    """World size 2 with 2 workers per rank, grouped batching, saved after k global steps."""
     k = 4
     ref = take(train_loader(text_ds, **GROUP_KW), R * (k + 3))
     runs, states = {}, []
-    for r in range(4):
-        dl = train_loader(text_ds, rank=r, world=4, workers=2, **GROUP_KW)
-        runs[r] = take(dl, 2 * k)
+    for r in range(2):
+        dl = train_loader(text_ds, rank=r, world=2, workers=2, **GROUP_KW)
+        runs[r] = take(dl, R // 2 * k)
         states.append(dl.save_state_global(0)[0])
         dl.close()
-    assert _global_batches(runs, 4, k) == [ref[R * s:R * (s + 1)] for s in range(k)]
+    assert _global_batches(runs, 2, k) == [ref[R * s:R * (s + 1)] for s in range(k)]
     assert '"carry"' in json.dumps(states)  # buckets were held across a sentinel at the save
     return ref, states, k
 
 
 @pytest.mark.contract("energon.task_encoder", "energon.elastic")
-@pytest.mark.parametrize("new_world,new_workers", [(1, 0), (2, 1), (8, 0)])
+@pytest.mark.parametrize("new_world,new_workers", [
+    pytest.param(1, 1, marks=pytest.mark.slow), (4, 0), pytest.param(8, 0, marks=pytest.mark.slow)])
 def test_grouped_batching_resumes_elastically(text_ds, group_save, new_world, new_workers):
     ref, states, k = group_save
     runs = {}
@@ -192,6 +194,7 @@ def _elastic(path, lanes, save, resumes, k=3, m=3, **kw):
     return states
 
 
+@pytest.mark.slow  # the lane engine's elastic resume is the same for every source; run with -m slow
 @pytest.mark.contract("energon.metadataset", "energon.elastic")
 def test_fractional_repetitions_resume_elastically(data, tmp_path):
     _elastic(_frac_yaml(data, tmp_path, 1.5), 4, (2, 2), [(1, 1), (4, 0)], batch_size=2)
@@ -244,7 +247,8 @@ FN = {"__module__": __name__, "__function__": "join_texts"}
 
 @pytest.mark.contract("energon.metadataset")
 @pytest.mark.parametrize("nonmatch,joiner,named", [
-    ("skip", FN, False), ("none", FN, False), ("none", {"__module__": __name__, "__function__": "join_named"}, True),
+    pytest.param("skip", FN, False, marks=pytest.mark.slow), pytest.param("none", FN, False, marks=pytest.mark.slow),
+    ("none", {"__module__": __name__, "__function__": "join_named"}, True),
     ("skip", {"__module__": "megatron.energon", "__class__": "TextSample"}, False)])
 def test_join_samples_equal_energons(text_ds, extra_ds, tmp_path, nonmatch, joiner, named):
     """Every joined sample equals Energon's for the same key (a sample type's from_joined or a function, a
@@ -277,6 +281,7 @@ def test_join_without_a_match_is_refused_naming_the_key(text_ds, extra_ds, tmp_p
         train_loader(str(path), batch_size=None)
 
 
+@pytest.mark.slow  # the lane engine's elastic resume is the same for every source; run with -m slow
 @pytest.mark.contract("energon.metadataset", "energon.elastic")
 def test_join_resumes_elastically(text_ds, extra_ds, tmp_path):
     path = _join_yaml(tmp_path, text_ds, extra_ds, "skip", FN)
@@ -322,9 +327,9 @@ def test_jsonl_crude_samples_equal_energons(jsonl_ds, tmp_path):
     theirs_meta = {s.__key__: s.__subflavors__ for s in me.get_loader(me.get_train_dataset(
         str(meta), worker_config=wc(), batch_size=None, shuffle_buffer_size=None, max_samples_per_sequence=None,
         repeat=False, task_encoder=JsonlTE()))}
-    for path, subflavors in ((jsonl_ds, None), (str(meta), theirs_meta)):
-        ours = take(train_loader(path, batch_size=None, repeat=False, workers=2, task_encoder=JsonlTE()), 10 ** 6,
-                    lambda s: s)
+    for path, subflavors, workers in ((jsonl_ds, None, 2), (str(meta), theirs_meta, 0)):
+        ours = take(train_loader(path, batch_size=None, repeat=False, workers=workers, task_encoder=JsonlTE()),
+                    10 ** 6, lambda s: s)
         assert Counter(s.__key__ for s in ours) == Counter(ref.keys())
         for s in ours:
             r = ref[s.__key__]
@@ -333,6 +338,7 @@ def test_jsonl_crude_samples_equal_energons(jsonl_ds, tmp_path):
             assert s.__subflavors__ == (r.__subflavors__ if subflavors is None else subflavors[s.__key__])
 
 
+@pytest.mark.slow  # the lane engine's elastic resume is the same for every source; run with -m slow
 @pytest.mark.contract("energon.format", "energon.elastic")
 def test_jsonl_resumes_elastically(jsonl_ds):
     _elastic(jsonl_ds, 4, (2, 2), [(1, 1), (4, 0)], batch_size=2, task_encoder=JsonlTE())
@@ -405,7 +411,7 @@ def test_dataset_hook_module_is_part_of_the_fingerprint(hook_ds, tmp_path):
 
     root = str(tmp_path / "copy")
     shutil.copytree(hook_ds["loader"], root)
-    states = _elastic(root, 4, (2, 2), [(1, 1)], batch_size=2)
+    states = _elastic(root, 4, (2, 1), [(1, 0)], batch_size=2)
     with open(os.path.join(root, ".nv-meta", "hooks.py"), "a") as f:
         f.write("\n# edited\n")
     dl = train_loader(root, batch_size=2, canonical_replicas=4)
@@ -441,6 +447,7 @@ def _energon_keys_kw(path, **kw) -> list:
     return take(me.get_loader(ds), 10 ** 6, lambda s: s.__key__)
 
 
+@pytest.mark.slow  # the lane engine's elastic resume is the same for every source; run with -m slow
 @pytest.mark.contract("energon.keywords", "energon.elastic")
 def test_shuffle_over_epochs_multiplier_resumes_elastically(data):
     _elastic(data["other"], 4, (2, 2), [(1, 1), (4, 0)], batch_size=2, shuffle_over_epochs_multiplier=3)

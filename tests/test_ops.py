@@ -714,3 +714,48 @@ def test_token_corrected_weights_sampled_is_deterministic():
     means = [np.mean([d.words_of(s, i) for s, i in d.reads]) for d in d1]
     raw = [1 / m for m in means]
     assert w1 == pytest.approx([x / sum(raw) for x in raw], rel=1e-12)
+
+
+def test_group_batch_fills_each_group_and_a_carry_resumes_as_if_never_cut():
+    """GroupBatch: each emitted batch is one group's rows in arrival order, of that group's size (oracle: a
+    plain dict of lists written here); cutting at a sentinel (carry) and resuming a fresh accumulator from the
+    held rows gives what the uncut accumulator gives; the lane's end emits the short buckets oldest group first,
+    or drops and counts them with drop_last."""
+    from zephon.formats.records import SRC, Src
+    from zephon.ops import GROUP_ROWS, GroupBatch
+
+    rng = random.Random(3)
+    recs = [{"g": rng.choice("abc"), SRC: Src(0, 0, i, i)} for i in range(60)]
+    sizes = {"a": 2, "b": 3, "c": 5}
+    op = GroupBatch(lambda r: (r["g"], sizes[r["g"]]), key_name="test.key")
+
+    def run(acc, rs):
+        return [[r[SRC].position for r in b[GROUP_ROWS]] for x in rs for b in acc.push(x)]
+
+    expect, buckets = [], {}
+    for r in recs:
+        buckets.setdefault(r["g"], []).append(r[SRC].position)
+        if len(buckets[r["g"]]) == sizes[r["g"]]:
+            expect.append(buckets.pop(r["g"]))
+    whole = op.new_accumulator(0)
+    assert run(whole, recs) == expect
+    first = op.new_accumulator(0)
+    out = run(first, recs[:25])
+    emitted, held = first.carry()
+    assert emitted == [] and sum(map(len, held)) <= 3 * 4
+    again = op.new_accumulator(0)
+    again.resume(held)
+    assert out + run(again, recs[25:]) == expect
+    tail = [[r[SRC].position for r in b[GROUP_ROWS]] for b in again.flush()]
+    assert tail == [v for v in buckets.values()] and all(b[SRC] for b in whole.flush())
+    dropper = GroupBatch(lambda r: (r["g"], sizes[r["g"]]), key_name="test.key", drop_last=True)
+    acc = dropper.new_accumulator(0)
+    run(acc, recs)
+    assert acc.flush() == [] and dropper.dropped == sum(map(len, buckets.values()))
+    small = GroupBatch(lambda r: (r["g"], sizes[r["g"]]), key_name="test.key", max_carry=2).new_accumulator(0)
+    run(small, recs[:25])
+    short, kept = small.carry()
+    assert sum(map(len, kept)) <= 2 and all(len(b[GROUP_ROWS]) < sizes[b[GROUP_ROWS][0]["g"]] for b in short)
+    with pytest.raises(RecordError, match="differs"):
+        bad = GroupBatch(lambda r: ("a", 2 + r[SRC].position % 2), key_name="k").new_accumulator(0)
+        run(bad, recs[:2])

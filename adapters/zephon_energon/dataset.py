@@ -199,7 +199,7 @@ def get_train_dataset(path, *, split_part="train", worker_config, batch_size, ba
     Zephon extras: ``canonical_replicas`` (lanes, default 64; every world size used must divide it),
     ``chunk_size`` (default ``min(256, samples // canonical_replicas)``), ``flush_span`` (pointers per
     lane between accumulator flushes, default ``max(256, shuffle_buffer_size, 4 x packing_buffer_size)``),
-    ``lane_assignment``.
+    ``lane_assignment``, ``group_max_carry`` (grouped batching: short-bucket rows carried across a flush).
     Raises ``RefusedKeyword`` for a keyword it cannot honour, ``TopologyError`` when ``world_size`` does
     not divide ``canonical_replicas``."""
     if shuffle_over_epochs_multiplier == -1 or not (shuffle_over_epochs_multiplier is None or (
