@@ -21,10 +21,11 @@ def make_loader(dirs, tokenizer, *, dp=1, rank=0, runner="inline", micro_batch=1
                 global_batch_size=None, max_length=128, seed=0, exhaustion="repeat", drop_last=True,
                 chunk_size=32, flush_every_k_chunks=2, shuffle_buffer=4, weights=None, fmt=None,
                 on_error="raise", lane_assignment="contiguous", num_workers=2, unit_size=32, extra_ops=(),
-                pre_pack_ops=()):
+                pre_pack_ops=(), pack_method="best_fit"):
     datasets = [open_dataset(d, format=fmt, on_error=on_error) for d in dirs]
-    ops = [Decode("text"), *extra_ops, Tokenize(tokenizer, eos_id="<eos>", max_length=max_length),
-           *pre_pack_ops, Pack(max_length)]
+    tok_max = None if pack_method == "concat" else max_length  # concat cuts documents of any length
+    ops = [Decode("text"), *extra_ops, Tokenize(tokenizer, eos_id="<eos>", max_length=tok_max),
+           *pre_pack_ops, Pack(max_length, method=pack_method)]
     if shuffle_buffer:
         ops.append(Shuffle(shuffle_buffer, seed=seed))
     ops.append(Batch(micro_batch, drop_last=drop_last))

@@ -86,9 +86,11 @@ def small_corpus_tokens(small_corpus, tokenizer_path):
 
 
 def _ops(tokenizer_path, method="best_fit"):
-    tok_max = None if method == "concat" else MAX_LEN  # concat cuts documents itself
-    return [Decode("text"), Map(tag), Tokenize(tokenizer_path, eos_id="<eos>", max_length=tok_max),
-            Pack(MAX_LEN, method=method), Shuffle(3, seed=1), Batch(1, drop_last=False)]
+    """The pipeline; ``method``: a Pack method, or ``"concat_shift"`` (concat with ``shift_labels``)."""
+    concat = method.startswith("concat")
+    pack = Pack(MAX_LEN, method="concat", shift_labels=method == "concat_shift") if concat else Pack(MAX_LEN, method)
+    return [Decode("text"), Map(tag), Tokenize(tokenizer_path, eos_id="<eos>", max_length=None if concat else MAX_LEN),
+            pack, Shuffle(3, seed=1), Batch(1, drop_last=False)]
 
 
 def row_segments(mb) -> list:
@@ -188,7 +190,7 @@ class Machine(RuleBasedStateMachine):
 
     def _record(self, mb):
         _COUNTS["micro_batches"] += 1
-        if self.method == "concat":
+        if self.method.startswith("concat"):
             self.delivered.extend(row_segments(mb))
             return
         for srcs in mb["__src__"]:
@@ -265,7 +267,7 @@ class Machine(RuleBasedStateMachine):
 
     @invariant()
     def never_twice(self):
-        if self.method == "concat":  # a segment may repeat legitimately (same text); teardown checks every token
+        if self.method.startswith("concat"):  # a segment may repeat legitimately (same text): teardown counts tokens
             return
         assert len(self.delivered) == len(set(self.delivered)), "a (document, piece) was delivered twice"
 
@@ -276,7 +278,7 @@ class Machine(RuleBasedStateMachine):
                     if not self.ended[rank]:
                         for mb in it:
                             self._record(mb)
-                if self.method == "concat":
+                if self.method.startswith("concat"):
                     check_concat_exactly_once(self.delivered, self.tokens, R)
                 else:
                     check_exactly_once(self.delivered, self.pieces)
@@ -326,10 +328,12 @@ def test_exactly_once_under_interrupts_restores_and_topology_changes(small_corpu
     _run(small_corpus, tokenizer_path, ["inline", "threads"], examples=30, steps=12)
 
 
+@pytest.mark.parametrize("method", ["concat", "concat_shift"])
 def test_concat_exactly_once_by_tokens_under_interrupts_restores_and_topology_changes(
-        small_corpus, small_corpus_tokens, tokenizer_path):
-    """Pack(method="concat"): every token of every document once, whatever the cuts, dp degrees and runners."""
-    _run(small_corpus, tokenizer_path, ["inline", "threads"], examples=8, steps=12, method="concat",
+        small_corpus, small_corpus_tokens, tokenizer_path, method):
+    """Pack(method="concat") (and its max_length + 1 windows): every input token of every document once, whatever
+    the cuts, dp degrees and runners."""
+    _run(small_corpus, tokenizer_path, ["inline", "threads"], examples=8, steps=12, method=method,
          tokens=small_corpus_tokens)
 
 
