@@ -46,6 +46,7 @@ def stale_columns(matrix: dict, repo: Path, paths=WATCHED) -> list[str]:
     A revision with ``+changes`` (run from a dirty tree) is judged by its commit. Raises ``NotAGitClone``."""
     change = last_change(repo, paths)
     subject = _git(repo, "log", "-1", "--format=%h %cs %s", change).stdout.strip()
+    subject = subject if len(subject) <= 100 else subject[:99] + "…"
     problems = []
     for env in matrix["envs"]:
         rev = (env.get("revision") or "").split("+")[0]
