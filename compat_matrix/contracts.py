@@ -68,8 +68,8 @@ _ROWS = [
      "batches; at the same dp, identical losses"),
     # llm-foundry
     ("llmfoundry.text_dataloader",
-     "build_text_dataloader / StreamingTextDataset on zephon_streaming (one import swap): the subclass's "
-     "__getitem__ (tokenize, truncate) is honoured, local tokenizer, no Hub"),
+     "build_text_dataloader / StreamingTextDataset on zephon_streaming (streaming's two names swapped first): "
+     "the subclass's __getitem__ (tokenize, truncate) is honoured, local tokenizer, no Hub"),
     ("llmfoundry.trainer_resume",
      "composer.Trainer, 2 epochs, checkpoint mid-epoch on 2 gloo ranks, resume on 1: every batch equals the "
      "uninterrupted run's by sample id"),
