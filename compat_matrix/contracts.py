@@ -24,6 +24,7 @@ HOSTS = {
     "torch": "PyTorch DataLoader / torchdata StatefulDataLoader / torch.distributed (zephon_torch)",
     "torchtitan": "TorchTitan (zephon_torch.titan)",
     "megatron": "Megatron-LM's own training code (megatron.training) driving zephon_energon",
+    "llmfoundry": "llm-foundry (llmfoundry.data.text_data on zephon_streaming, inside composer.Trainer)",
 }
 
 _ROWS = [
@@ -75,6 +76,13 @@ _ROWS = [
     ("torchtitan.dcp_resume",
      "training loop with DCP save/load of model + optimizer + loader: resumed at dp 1/2/4, identical global "
      "batches; at the same dp, identical losses"),
+    # llm-foundry
+    ("llmfoundry.text_dataloader",
+     "build_text_dataloader / StreamingTextDataset on zephon_streaming (streaming's two names swapped first): "
+     "the subclass's __getitem__ (tokenize, truncate) is honoured, local tokenizer, no Hub"),
+    ("llmfoundry.trainer_resume",
+     "composer.Trainer, 2 epochs, checkpoint mid-epoch on 2 gloo ranks, resume on 1: every batch equals the "
+     "uninterrupted run's by sample id"),
 ]
 
 CONTRACTS = [Contract(i, i.split(".", 1)[0], t) for i, t in _ROWS]

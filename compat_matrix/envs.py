@@ -39,6 +39,7 @@ class EnvSpec:
     install: tuple[str, ...]  # pip arguments, run from the repository root
     hosts: tuple[str, ...]    # contract groups run here
     why: str
+    base: str = ""            # an earlier environment whose packages this one sees beneath its own ("": none)
 
 
 def load_manifest(path: Path = MANIFEST) -> list[EnvSpec]:
@@ -48,12 +49,16 @@ def load_manifest(path: Path = MANIFEST) -> list[EnvSpec]:
     duplicate name."""
     with open(path, "rb") as fh:
         data = tomllib.load(fh)
-    specs, keys = [], {"name", "python", "install", "hosts", "why"}
+    specs, keys, optional = [], {"name", "python", "install", "hosts", "why"}, {"base"}
     for k, e in enumerate(data.get("env", [])):
         label = f"{path.name}: env #{k + 1} ({e.get('name', '?')})"
-        if set(e) != keys:
-            raise ValueError(f"{label}: keys must be {sorted(keys)}; missing {sorted(keys - set(e))}, "
-                             f"unknown {sorted(set(e) - keys)}")
+        if not keys <= set(e) <= keys | optional:
+            raise ValueError(f"{label}: keys must be {sorted(keys)} (optional: {sorted(optional)}); missing "
+                             f"{sorted(keys - set(e))}, unknown {sorted(set(e) - keys - optional)}")
+        base = e.get("base", "")
+        if base and not any(s.name == base and s.python == e["python"] and not s.base for s in specs):
+            raise ValueError(f"{label}: base must name an earlier environment of the same python that has no base "
+                             f"itself, got {base!r}")
         # The name becomes a directory that is deleted and rebuilt: a plain, non-empty file name only.
         if not isinstance(e["name"], str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", e["name"]):
             raise ValueError(f"{label}: name must be a string of letters, digits and . _ + - "
@@ -68,7 +73,7 @@ def load_manifest(path: Path = MANIFEST) -> list[EnvSpec]:
         bad = [h for h in e["hosts"] if h not in HOSTS]
         if bad:
             raise ValueError(f"{label}: unknown hosts {bad}; known: {sorted(HOSTS)}")
-        specs.append(EnvSpec(e["name"], e["python"], tuple(e["install"]), tuple(e["hosts"]), e["why"]))
+        specs.append(EnvSpec(e["name"], e["python"], tuple(e["install"]), tuple(e["hosts"]), e["why"], base))
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise ValueError(f"{path.name}: duplicate env names in {names}")
@@ -98,11 +103,29 @@ def find_python(version: str) -> str:
     raise EnvError(f"no CPython {version}: looked for python{version} on PATH and in ~/.pyenv/versions")
 
 
-def stamp(spec: EnvSpec, python: str) -> str:
+def stamp(spec: EnvSpec, python: str, base_stamp: str = "") -> str:
     h = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode())
     h.update(python.encode())
     h.update((REPO / "pyproject.toml").read_bytes())
+    h.update(base_stamp.encode())  # a rebuilt base rebuilds what sits on it
     return h.hexdigest()
+
+
+def site_packages(venv: Path, version: str) -> Path:
+    """The site-packages folder of a venv of CPython ``version`` ("X.Y")."""
+    return venv / "lib" / f"python{version}" / "site-packages"
+
+
+def base_stamp(spec: EnvSpec, root: Path) -> str:
+    """The stamp of ``spec.base``'s built environment ("" without a base). Raises EnvError when it is not built:
+    ``python -m compat_matrix run`` builds the manifest in order, so a base comes first."""
+    if not spec.base:
+        return ""
+    f = root / spec.base / "zephon-compat-stamp"
+    if not f.exists():
+        raise EnvError(f"base environment {spec.base!r} is not built in {root}: run `python -m compat_matrix run "
+                       f"--env {spec.base} --env {spec.name}`")
+    return f.read_text()
 
 
 def _tail(path: Path, n: int = 2, limit: int = 240) -> str:
@@ -120,7 +143,7 @@ def build(spec: EnvSpec, root: Path, *, fresh: bool = False, log=print) -> Path:
     Returns the environment's python. Raises EnvError with the last lines of pip's log."""
     python = find_python(spec.python)
     venv = root / spec.name
-    want = stamp(spec, python)
+    want = stamp(spec, python, base_stamp(spec, root))
     stamp_file = venv / "zephon-compat-stamp"
     if not fresh and stamp_file.exists() and stamp_file.read_text() == want:
         log(f"[{spec.name}] reusing {venv} (stamp matches; --fresh rebuilds)")
@@ -137,6 +160,11 @@ def build(spec: EnvSpec, root: Path, *, fresh: bool = False, log=print) -> Path:
         for cmd in ([python, "-m", "venv", str(venv)], [str(venv / "bin" / "python"), "-m", "pip", "install", *args]):
             if "pip" in cmd:  # the venv exists: share the CUDA runtime wheels of built siblings (shared_wheels.py)
                 link_shared(root, venv, log)
+            if spec.base and "pip" in cmd:
+                # The base's packages come after this env's own on sys.path: pip installs only what differs (it never
+                # removes files outside this env), so the base's CUDA torch is not installed twice on a full disk.
+                site = site_packages(venv, spec.python)
+                (site / "zephon-compat-base.pth").write_text(f"{site_packages(root / spec.base, spec.python)}\n")
             log(f"[{spec.name}] {' '.join(cmd)}")
             fh.write(f"$ {' '.join(cmd)}\n")
             fh.flush()

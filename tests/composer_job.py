@@ -13,7 +13,6 @@ their bytes, and their values).
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -26,6 +25,7 @@ from torch.utils.data import DataLoader
 
 from composer import Callback, Event, State, Trainer
 from composer.models import ComposerModel
+from composer_launch import finish, job_arguments, write_result
 from zephon_streaming import StreamingDataset
 
 VOCAB, SEQ, CLASSES = 64, 8, 4
@@ -168,41 +168,22 @@ def run(data: str, *, batch_size: int, max_duration: str, num_workers: int = 0, 
                           callbacks=[rec], load_path=load_path, seed=seed, progress_bar=False,
                           log_to_console=False, loggers=[], **kw)
         trainer.fit()
-    ts = trainer.state.timestamp
     digest, values = weights_of(trainer.state.model)
     out = {"rank": ds.rank, "world_size": ds.world_size, "len": len(ds), "dataloader_len": len(dl),
            "steps_per_epoch": ds.steps_per_epoch, "repeated_per_epoch": ds.repeated_per_epoch,
            "num_canonical_nodes": ds.num_canonical_nodes, "global_batch_size": ds.global_batch_size,
            "steps": rec.steps, "calls": ds.calls, "weights": digest, "weight_values": values,
-           "dataset_resumption": dict(trainer.state.dataset_resumption),
-           "warnings": sorted({" ".join(str(w.message).split())[:240] for w in caught}),
-           "final": {"epoch": int(ts.epoch), "batch": int(ts.batch), "sample": int(ts.sample)},
-           "checkpoints": sorted(n for n in os.listdir(save_folder) if not n.startswith("latest"))
-           if save_folder and os.path.isdir(save_folder) else []}
-    trainer.close()
-    ds.close()
-    return out
+           "warnings": sorted({" ".join(str(w.message).split())[:240] for w in caught})}
+    return {**out, **finish(trainer, ds, save_folder)}
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", required=True)
-    p.add_argument("--batch-size", type=int, required=True, help="per device")
-    p.add_argument("--max-duration", required=True)
-    p.add_argument("--workers", type=int, default=0)
-    p.add_argument("--save-folder")
-    p.add_argument("--save-interval")
-    p.add_argument("--load-path")
+    p = job_arguments(__doc__.splitlines()[0])
     p.add_argument("--loader", choices=("torch", "streaming"), default="torch")
-    p.add_argument("--out", required=True, help="directory: each rank writes rank{RANK}.json")
     a = p.parse_args(argv)
     res = run(a.data, batch_size=a.batch_size, max_duration=a.max_duration, num_workers=a.workers,
               save_folder=a.save_folder, save_interval=a.save_interval, load_path=a.load_path, loader=a.loader)
-    os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, f"rank{os.environ.get('RANK', '0')}.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(res, f)
-    os.replace(path + ".tmp", path)
+    write_result(a.out, res)
     return 0
 
 

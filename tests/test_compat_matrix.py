@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from compat_matrix import envs as E
-from compat_matrix import matrix
+from compat_matrix import freshness, matrix
 from compat_matrix.contracts import BY_ID, CONTRACTS, HOSTS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,9 +25,13 @@ def test_manifest_has_the_issue_environments_and_default_is_the_readme_install()
     readme_first = next(line for line in (REPO / "README.md").read_text().splitlines() if "pip install" in line)
     assert "-e '.[dev]'" in readme_first and specs["default"].install == (".[dev]",)
     # megatron-core needs CPython >= 3.12: its host group has its own column, not the 3.11 default.
-    assert specs["default"].python == "3.11" and set(specs["default"].hosts) == set(HOSTS) - {"megatron"}
+    assert specs["default"].python == "3.11" and set(specs["default"].hosts) == set(HOSTS) - {"megatron", "llmfoundry"}
     assert specs["megatron-core-0.19.2"].python == "3.12" and specs["megatron-core-0.19.2"].hosts == ("megatron",)
     assert "megatron-core==0.19.2" in specs["megatron-core-0.19.2"].install
+    # llm-foundry pins mosaicml-streaming <0.13 (the README's install has 0.13): its host runs in its own column only
+    lf = specs["llm-foundry-0.22.0"]
+    assert lf.hosts == ("llmfoundry",) and "llm-foundry==0.22.0" in lf.install and "torch==2.7.0" in lf.install
+    assert lf.base == "composer-0.32.1" and "mosaicml==0.32.1" in specs[lf.base].install
     assert "mosaicml==0.32.1" in specs["composer-0.32.1"].install
     assert any(a.startswith("megatron-energon==7.3.") for a in specs["energon-7.3.2"].install)
     assert specs["py3.13"].python == "3.13"
@@ -41,6 +45,17 @@ def test_manifest_errors_name_the_entry(tmp_path):
     bad.write_text('[[env]]\nname = "x"\npython = "3.11"\n')
     with pytest.raises(ValueError, match=r"missing \['hosts', 'install', 'why'\]"):
         E.load_manifest(bad)
+    entry = '[[env]]\nname = "{}"\npython = "{}"\ninstall = ["."]\nhosts = ["torch"]\nwhy = ""\n'
+    for second, msg in ((entry.format("y", "3.11") + 'base = "x"\n', None),
+                        (entry.format("y", "3.12") + 'base = "x"\n', "base must name an earlier environment"),
+                        (entry.format("y", "3.11") + 'base = "z"\n', "base must name an earlier environment"),
+                        (entry.format("y", "3.11") + 'bass = "x"\n', r"unknown \['bass'\]")):
+        bad.write_text(entry.format("x", "3.11") + second)
+        if msg is None:
+            assert [s.base for s in E.load_manifest(bad)] == ["", "x"]
+        else:
+            with pytest.raises(ValueError, match=msg):
+                E.load_manifest(bad)
     ok = {"name": '"x"', "python": '"3.11"', "install": '["."]', "hosts": '["torch"]', "why": '""'}
     for key, value, msg in (("name", '"."', "name must be"), ("name", '""', "name must be"),
                             ("name", '"../up"', "name must be"), ("python", "3.10", "quoted"),
@@ -228,3 +243,56 @@ def test_plugin_refuses_a_contract_mark_naming_no_row(tmp_path):
                                            "def test_typo():\n    pass\n")
     out = _pytest_with_plugin(tmp_path, "energon", tmp_path / "r.json")
     assert out.returncode == 4 and "'energon.vall'" in out.stderr, out.stdout + out.stderr
+
+
+def test_matrix_is_not_older_than_the_adapters_host_and_contracts():
+    """Every column of the committed MATRIX.json ran at a revision that contains the last commit changing
+    adapters/, zephon/host/ or compat_matrix/contracts.py (git decides; skipped only outside a git clone)."""
+    m = json.loads((REPO / "compat_matrix" / "MATRIX.json").read_text())
+    try:
+        stale = freshness.stale_columns(m, REPO)
+    except freshness.NotAGitClone as e:
+        pytest.skip(f"freshness needs the git history: {e}")
+    assert not stale, ("the compatibility matrix is stale:\n  " + "\n  ".join(stale) + "\n" + freshness.REMEDY)
+
+
+def _commit(repo: Path, path: str, text: str) -> str:
+    f = repo / path
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(text)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(git + ["add", "-A"], cwd=repo, check=True, capture_output=True)
+    subprocess.run(git + ["commit", "-q", "-m", f"change {path}"], cwd=repo, check=True, capture_output=True)
+    return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def test_freshness_rule_on_a_scratch_repository(tmp_path, tmp_path_factory):
+    """The rule itself, on a repository made here: a column is stale exactly when a watched path changed in a
+    commit its revision does not contain; other paths, and a column run after the change, are fine."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True, capture_output=True)
+    first = _commit(tmp_path, "adapters/a.py", "x = 1\n")
+    docs = _commit(tmp_path, "docs/readme.md", "words\n")
+    mat = {"envs": [{"name": "old", "revision": first}, {"name": "dirty", "revision": docs + "+changes"},
+                    {"name": "none", "revision": ""}, {"name": "gone", "revision": "0123456789ab"}]}
+    got = freshness.stale_columns(mat, tmp_path)
+    assert [g.split(":")[0] for g in got] == ["none", "gone"], got  # a docs commit does not age a column
+    host = _commit(tmp_path, "zephon/host/session.py", "y = 2\n")
+    got = freshness.stale_columns(mat, tmp_path)
+    assert [g.split(":")[0] for g in got] == ["old", "dirty", "none", "gone"]
+    assert "change zephon/host/session.py" in got[0] and first in got[0]
+    rows = _commit(tmp_path, "compat_matrix/contracts.py", "ROWS = []\n")
+    assert freshness.stale_columns({"envs": [{"name": "n", "revision": host}]}, tmp_path) != []
+    assert freshness.stale_columns({"envs": [{"name": "n", "revision": rows}]}, tmp_path) == []
+    with pytest.raises(freshness.NotAGitClone, match="not a git work tree"):
+        freshness.stale_columns(mat, tmp_path_factory.mktemp("not_a_clone"))
+
+
+def test_a_layered_environment_needs_its_base_and_follows_its_stamp(tmp_path):
+    spec = E.EnvSpec("y", "3.11", (".",), ("torch",), "", base="x")
+    with pytest.raises(E.EnvError, match="base environment 'x' is not built"):
+        E.build(spec, tmp_path)
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "zephon-compat-stamp").write_text("abc")
+    assert E.base_stamp(spec, tmp_path) == "abc"
+    assert E.stamp(spec, "py", "abc") != E.stamp(spec, "py", "abd"), "a rebuilt base must rebuild its layer"

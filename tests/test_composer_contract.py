@@ -21,12 +21,8 @@ the ranks' batches in rank order (each rank owns a contiguous block of lanes), h
 from __future__ import annotations
 
 import json
-from collections import Counter
 import os
-import signal
-import socket
-import subprocess
-import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -38,11 +34,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import composer_job as job  # noqa: E402
+import composer_launch  # noqa: E402
 
-N = 142            # samples: one pass filled to 18 steps of 8 (3 divides 18) with 2 repeats (repeated_per_epoch)
+N = 142            # samples written; any count works: the steps per epoch are computed from the shards below
 GBS = 8            # global batch; num_canonical_nodes defaults to it (8 lanes)
 JOB = Path(__file__).with_name("composer_job.py")
-LAUNCH_TIMEOUT = 240
 
 
 # -- fixtures: data and the one-rank runs -----------------------------------------------------------
@@ -53,12 +49,18 @@ def data(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def S(data):
-    """Global steps per epoch (the same at every world size)."""
-    ds = job.make_dataset(data, GBS)
-    try:
-        return ds.steps_per_epoch
-    finally:
-        ds.close()
+    """Global steps per epoch (the same at every world size), from the shards' own index, not the dataset: a
+    one-pass epoch is every sample once, the last global batch filled (Mosaic's rule), so ceil(samples / GBS)."""
+    index = json.loads((Path(data) / "train" / "index.json").read_text())
+    samples = sum(shard["samples"] for shard in index["shards"])
+    assert samples == N
+    return -(-samples // GBS)
+
+
+def every(S: int) -> int:
+    """run_b's checkpoint interval in batches: the smallest divisor >= 3 of ``S``, so that the last batch of
+    epoch 0 is one of Composer's own "<every>ba" checkpoints, whatever ``S`` the data gives."""
+    return next(d for d in range(3, S + 1) if S % d == 0)
 
 
 @pytest.fixture(scope="module")
@@ -82,11 +84,11 @@ def run_a(data, S, ckdir):
 
 @pytest.fixture(scope="module")
 def run_b(data, S, ckdir):
-    """DataLoader num_workers=2 (workers prefetch ahead of the step Composer checkpoints), save_interval "3ba"
-    (so batch S, the last of epoch 0, is saved at BATCH_CHECKPOINT with sample_in_epoch = a whole epoch)."""
-    assert S % 3 == 0, f"the data is chosen so that 3 divides the {S} steps per epoch"
+    """DataLoader num_workers=2 (workers prefetch ahead of the step Composer checkpoints), save_interval
+    "<every(S)>ba" (so batch S, the last of epoch 0, is saved at BATCH_CHECKPOINT with sample_in_epoch = a whole
+    epoch)."""
     return job.run(data, batch_size=GBS, max_duration="2ep", num_workers=2, save_folder=str(ckdir / "b"),
-                   save_interval="3ba")
+                   save_interval=f"{every(S)}ba")
 
 
 def digests(run) -> list[str]:
@@ -141,11 +143,11 @@ def test_composer_state_dict_calls_at_save(S, run_a, run_b):
                     ("state_dict", 3 * GBS, True, 1, 3 * GBS, True),   # batch S+3
                     ("state_dict", 0, True, 2, 0, False)]              # end of training (epoch end)
     assert all(c["bytes"] < 8192 for c in run_a["calls"])
-    # "3ba": batches 3, 6, ..., 2S; batch S (the last of epoch 0) names the whole epoch, before to_next_epoch;
+    # "<E>ba": batches E, 2E, ..., 2S; batch S (the last of epoch 0) names the whole epoch, before to_next_epoch;
     # the end-of-training EPOCH_CHECKPOINT is skipped by Composer (same batch as the last BATCH_CHECKPOINT)
     b = [(c["num_samples"], c["from_beginning"], c["epoch"], c["sample_in_epoch"]) for c in run_b["calls"]]
     assert b == [((k - (k - 1) // S * S) * GBS, True, (k - 1) // S, (k - (k - 1) // S * S) * GBS)
-                 for k in range(3, 2 * S + 1, 3)]
+                 for k in range(every(S), 2 * S + 1, every(S))]
     assert (S * GBS, True, 0, S * GBS) in b
 
 
@@ -154,13 +156,15 @@ RESUMES = [  # (run, checkpoint at global batch (S-relative), epoch in file name
     pytest.param("a", 3, 0, 2, id="a-ba3-w2"),
     pytest.param("a", "S", 1, 2, id="a-epoch-end-w2"),
     pytest.param("a", "S+3", 1, 0, id="a-ba(S+3)-w0"),
-    pytest.param("b", 9, 0, 0, id="b(w2)-ba9-w0"),
+    pytest.param("b", "mid-b", 0, 0, id="b(w2)-mid-epoch-w0"),
     pytest.param("b", "S", 0, 2, id="b(w2)-last-batch-w2"),
 ]
 
 
 def _batch(spec, S) -> int:
-    return {"S": S, "S+3": S + 3}.get(spec, spec)
+    """A checkpoint's global batch; "mid-b": run_b's checkpoint nearest the middle of epoch 0 (9 of 18)."""
+    e = every(S)
+    return {"S": S, "S+3": S + 3, "mid-b": e * max(1, S // e // 2)}.get(spec, spec)
 
 
 @pytest.mark.contract("composer.resume")
@@ -197,59 +201,15 @@ def test_streaming_dataloader_in_the_trainer(data, S, ckdir, run_a):
 
 
 # -- composer.elastic: Composer's launcher, gloo ----------------------------------------------------
-def _launcher() -> Path:
-    exe = Path(sys.executable).parent / "composer"
-    if not exe.is_file():
-        pytest.skip(f"Composer's launcher is not installed next to {sys.executable}")
-    return exe
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(nproc: int, tmp: Path, *args: str) -> list[dict]:
-    """``composer -n nproc composer_job.py args --out tmp/out``; returns the ranks' records in rank order.
-    Kills the launcher's process group on timeout; shows every rank's output on failure."""
-    exe = _launcher()
-    out, logs = tmp / "out", tmp / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                                             "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_PORT")}
-    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore::DeprecationWarning")
-    cmd = [str(exe), "-n", str(nproc), "--master_port", str(_free_port()),
-           "--stdout", str(logs / "rank{rank}.stdout.txt"), "--stderr", str(logs / "rank{rank}.stderr.txt"),
-           str(JOB), *args, "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
-    try:
-        text, _ = proc.communicate(timeout=LAUNCH_TIMEOUT)
-        failed = f"exit code {proc.returncode}" if proc.returncode else None
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        text, _ = proc.communicate()
-        failed = f"timeout after {LAUNCH_TIMEOUT} s"
-    results = [out / f"rank{r}.json" for r in range(nproc)]
-    if failed is None and not all(p.is_file() for p in results):
-        failed = "a rank wrote no result"
-    if failed:
-        ranks = "".join(f"\n--- {p.name} ---\n{p.read_text()[-4000:]}" for p in sorted(logs.iterdir()))
-        pytest.fail(f"{' '.join(cmd)}\n{failed}\n--- launcher and rank 0 ---\n{text[-6000:]}{ranks}", pytrace=False)
-    return [json.loads(p.read_text()) for p in results]
+    """``composer -n nproc composer_job.py args --out tmp/out`` (``composer_launch.launch``)."""
+    return composer_launch.launch(JOB, nproc, tmp, *args)
 
 
 def global_digests(ranks: list[dict]) -> list[str]:
     """Per step, the digest of the ranks' batches concatenated in rank order."""
-    n = len(ranks[0]["steps"])
-    assert all(len(r["steps"]) == n for r in ranks), "ranks ran different numbers of steps"
-    out = []
-    for i in range(n):
-        rows = [r["steps"][i] for r in ranks]
-        assert len({s["batch"] for s in rows}) == 1
-        out.append(job.batch_digest([x for s in rows for x in s["ids"]], [t for s in rows for t in s["tokens"]]))
-    return out
+    return [job.batch_digest([x for s in rows for x in s["ids"]], [t for s in rows for t in s["tokens"]])
+            for rows in composer_launch.steps_side_by_side(ranks)]
 
 
 @pytest.fixture(scope="module")

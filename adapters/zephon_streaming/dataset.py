@@ -15,7 +15,7 @@ import weakref
 from torch.utils.data import IterableDataset
 
 from zephon import LoaderPlan
-from zephon.host import Channel, RankSession, explain, private_dir
+from zephon.host import Channel, RankSession, SampleItems, explain, private_dir
 from zephon.ops import Batch, Decode, Pack, Tokenize
 from zephon.work import Schedule, TopologyError, epoch_steps, lanes_for_rank
 
@@ -110,6 +110,7 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
         self._datasets = [self._open(s) for s in streams]
         self.samples_per_stream = [d.num_samples for d in self._datasets]
         self.num_samples = sum(self.samples_per_stream)
+        self._items, self._item_hook = SampleItems(self._datasets), self._overrides_getitem(tokenizer)
 
         # -- weights and epoch
         self.weights, epoch_value, one_pass = stream_weights(streams, self.samples_per_stream, epoch_size)
@@ -196,6 +197,17 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
                                                           epoch_value, one_pass)
         return False, sum(self._choose)
 
+    def _overrides_getitem(self, tokenizer) -> bool:
+        """Whether a subclass's ``__getitem__`` (llm-foundry's ``StreamingTextDataset``) shapes every delivered sample,
+        as in Mosaic. tokenizer: Zephon's ``tokenizer=``. Raises ValueError for both together (a packed row has no
+        single sample to hand the override)."""
+        hook = type(self).__getitem__ is not StreamingDataset.__getitem__
+        if hook and tokenizer is not None:
+            raise ValueError(f"{type(self).__name__} overrides __getitem__, which sees one source sample, but "
+                             f"tokenizer= packs several documents into each row; tokenize in __getitem__ (and leave "
+                             f"tokenizer=None) or drop the override")
+        return hook
+
     def _open(self, stream: Stream):
         return stream.open(allow_unsafe_types=self.allow_unsafe_types, predownload=self.predownload,
                            cache_limit=self.cache_limit)
@@ -269,6 +281,13 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
     def __len__(self) -> int:
         """Samples this rank yields per epoch: ``steps_per_epoch x batch_size``, equal on every rank."""
         return self.length
+
+    def __getitem__(self, idx: int) -> dict:
+        """Source sample ``idx`` (Mosaic's global sample id: streams, then shards, concatenated in order) as a dict
+        of its columns. A subclass may override it and call ``super().__getitem__(idx)``: iteration then yields
+        what the override returns for each sample, in Zephon's order (the sample being delivered is not read
+        twice). Raises IndexError for an id out of range, the reader's DataError for bad data."""
+        return self._items.get(idx)
 
     @property
     def size(self) -> int:

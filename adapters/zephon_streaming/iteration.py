@@ -70,11 +70,15 @@ class RankIteration:
             steps.close()
 
     def rows(self, mb: dict):
-        """Split a lane micro-batch into sample dicts of decoded columns (Mosaic's sample shape)."""
+        """Split a lane micro-batch into sample dicts of decoded columns (Mosaic's sample shape), or into what a
+        subclass's ``__getitem__`` makes of each sample's id (``zephon.host.SampleItems``)."""
         keys = [k for k in mb if not k.startswith("__") and not (self.text and k in ("cu_seqlens", "num_tokens"))]
         n = len(mb[keys[0]]) if keys else 0
-        for i in range(n):
-            yield {k: mb[k][i] for k in keys}
+        rows = ({k: mb[k][i] for k in keys} for i in range(n))
+        if self._item_hook:
+            yield from self._items.items(rows, mb["__src__"], self.__getitem__)
+        else:
+            yield from rows
 
 
 _NOT_FOUND = object()
