@@ -8,7 +8,8 @@ Steps (``--dry-run`` prints their commands and stops):
 2. Run A: ``torchrun --nproc-per-node 1`` (dp 1) of a 2-layer GPT (``--transformer-impl local``, no apex or
    Transformer Engine needed) for 20 iterations, ``--dataloader-type external``, checkpoint (model and, through
    ``--dataloader-save``, the data loader state) at iteration 10.
-3. Run B: the same command with ``--load``: resumes at iteration 10 and runs to 20.
+3. Run B: the same command with ``--load`` and ``--ckpt-step 10`` (run A also saved at 20): resumes at
+   iteration 10 and runs to 20.
 4. Check: the sample keys of run B's iterations 11-20 equal run A's (written by the forward step of each run).
 Exit status 0 when they are equal. The run itself is Megatron-LM's ``pretrain`` as ``pretrain_gpt.py`` calls it,
 with ``megatron.energon`` swapped for zephon_energon and zephon_energon.megatron's data loader provider.
@@ -48,7 +49,7 @@ def commands(workdir: str, python: str) -> dict:
                  "--keys-log", os.path.join(workdir, f"keys-{name}.jsonl")] + GPT +
                 ["--dataloader-type", "external", "--num-workers", "1", "--data-path", data, "--save", ckpt,
                  "--save-interval", str(SAVE_AT), "--dataloader-save", os.path.join(ckpt, "dataloader"),
-                 "--canonical-replicas", "8"] + (["--load", ckpt] if load else []))
+                 "--canonical-replicas", "8"] + (["--load", ckpt, "--ckpt-step", str(SAVE_AT)] if load else []))
     return {"prepare": prepare, "run_a": run("a", False), "run_b": run("b", True)}
 
 

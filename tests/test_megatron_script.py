@@ -29,6 +29,8 @@ def test_dry_run_prints_a_dp1_external_loader_run_and_its_resume(tmp_path):
         assert _flag(run, "--data-path") == prepare[-1]
     assert "--load" not in run_a and _flag(run_b, "--load") == _flag(run_a, "--save")
     # Run B is run A plus --load: same model, data and save interval; its own key log.
-    strip = {"--load", _flag(run_b, "--load"), _flag(run_a, "--keys-log"), _flag(run_b, "--keys-log")}
+    assert _flag(run_b, "--ckpt-step") == _flag(run_a, "--save-interval")  # resume from the mid-run checkpoint
+    strip = {"--load", _flag(run_b, "--load"), "--ckpt-step", _flag(run_b, "--ckpt-step"), _flag(run_a, "--keys-log"),
+             _flag(run_b, "--keys-log")}
     assert [x for x in run_a if x not in strip] == [x for x in run_b if x not in strip]
     assert int(_flag(run_a, "--save-interval")) < int(_flag(run_a, "--train-iters"))  # a checkpoint mid-run
