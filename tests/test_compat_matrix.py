@@ -296,3 +296,36 @@ def test_a_layered_environment_needs_its_base_and_follows_its_stamp(tmp_path):
     (tmp_path / "x" / "zephon-compat-stamp").write_text("abc")
     assert E.base_stamp(spec, tmp_path) == "abc"
     assert E.stamp(spec, "py", "abc") != E.stamp(spec, "py", "abd"), "a rebuilt base must rebuild its layer"
+
+
+def test_cuda_runtime_wheels_of_built_siblings_are_hard_linked_before_pip(tmp_path):
+    """A built sibling's ``nvidia-*`` distribution (py3-none wheel) is linked into a new environment, file by
+    file (same inode); a cp-tagged or unbuilt one, or one already present, is not."""
+    from compat_matrix.shared_wheels import link_shared
+
+    def dist(env, name, tag, files, built=True):
+        sp = tmp_path / env / "lib" / "python3.11" / "site-packages"
+        di = sp / f"{name}.dist-info"
+        di.mkdir(parents=True)
+        (di / "WHEEL").write_text(f"Wheel-Version: 1.0\nTag: {tag}\n")
+        for f in files:
+            (sp / f).parent.mkdir(parents=True, exist_ok=True)
+            (sp / f).write_text(f)
+        (di / "RECORD").write_text("".join(f"{f},sha256=x,1\n" for f in files) + f"{name}.dist-info/RECORD,,\n")
+        if built:
+            (tmp_path / env / "zephon-compat-stamp").write_text("s")
+        return sp
+
+    a = dist("a", "nvidia_cublas-13.1.1.3", "py3-none-manylinux_2_27_x86_64", ["nvidia/cu13/lib/libcublas.so.13"])
+    dist("a", "cuda_bindings-13.5.0", "cp311-cp311-manylinux_2_28_x86_64", ["cuda/bindings.so"])
+    dist("b", "nvidia_nccl_cu13-2.30.7", "py3-none-manylinux_2_18_x86_64", ["nvidia/nccl/lib/libnccl.so.2"],
+         built=False)
+    new = tmp_path / "new" / "lib" / "python3.12" / "site-packages"
+    new.mkdir(parents=True)
+    assert link_shared(tmp_path, tmp_path / "new", log=lambda *_: None) == 1
+    lib = new / "nvidia/cu13/lib/libcublas.so.13"
+    assert lib.read_text() == "nvidia/cu13/lib/libcublas.so.13"
+    assert os.stat(lib).st_ino == os.stat(a / "nvidia/cu13/lib/libcublas.so.13").st_ino
+    assert (new / "nvidia_cublas-13.1.1.3.dist-info" / "RECORD").exists()
+    assert not (new / "cuda").exists() and not (new / "nvidia/nccl").exists()
+    assert link_shared(tmp_path, tmp_path / "new", log=lambda *_: None) == 0  # already there

@@ -103,7 +103,7 @@ def _keys(dl):
 
 def test_limit_dataset_caps_validation_batches_like_energon(text_root):
     """Energon's own LimitDataset over its own val dataset is the oracle: same batches, each iter() restarting."""
-    for length in (0, 2, 5):
+    for length in (2, 5):  # below and above the split's 3 batches
         batches = []
         for lib in (me, ze):
             wc = lib.WorkerConfig(rank=0, world_size=1, num_workers=0)
@@ -113,6 +113,9 @@ def test_limit_dataset_caps_validation_batches_like_energon(text_root):
         ref, got = batches
         assert got == ref, length
         assert len(got[0]) == min(length, 3) and got[0] == got[1]  # the val split holds 6 samples: 3 batches
+    wc = ze.WorkerConfig(rank=0, world_size=1, num_workers=0)
+    (val, _src), = ze.get_val_datasets(text_root, worker_config=wc, batch_size=2)
+    assert _keys(ze.get_loader(ze.LimitDataset(val, length=0, worker_config=wc))) == []  # Energon's: nothing
 
 
 def test_repeat_dataset_passes_an_endless_training_dataset_and_refuses_the_rest(text_root):
@@ -129,3 +132,19 @@ def test_repeat_dataset_passes_an_endless_training_dataset_and_refuses_the_rest(
                          repeats=2, worker_config=wc)
     with pytest.raises(RefusedKeyword, match=r"LimitDataset: over a training dataset.*--train-iters"):
         ze.LimitDataset(train, 3, worker_config=wc)
+
+
+def test_a_python_dataset_class_in_dataset_yaml_is_refused_naming_it(tmp_path):
+    """megatron-bridge subclasses DefaultDecoderWebdatasetFactory (ChatMLWebdataset) and names it in dataset.yaml:
+    zephon_energon cannot run that class, so get_train_dataset refuses, naming the class, the file and what to do."""
+    from energon_data import energon_prepare, write_text_tars
+
+    root = str(tmp_path / "chatml")
+    write_text_tars(root, shards=1, per_shard=4)
+    energon_prepare(root, {"train": r".*"}, dataset_yaml={
+        "__module__": "megatron.bridge.data.energon.task_encoder_utils", "__class__": "ChatMLWebdataset",
+        "field_map": {"text": "txt"}})
+    wc = ze.WorkerConfig(rank=0, world_size=1, num_workers=0)
+    with pytest.raises(RefusedKeyword, match=r"dataset class 'ChatMLWebdataset'.*chatml.*CrudeWebdataset"):
+        ze.get_train_dataset(root, worker_config=wc, batch_size=2, shuffle_buffer_size=None,
+                             max_samples_per_sequence=None, canonical_replicas=2)

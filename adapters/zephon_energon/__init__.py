@@ -43,8 +43,9 @@ from .wrappers import LimitDataset, RepeatDataset
 
 __all__ = [
     "DEFAULT_CANONICAL_REPLICAS", "BasicDataLoader", "Batch", "CaptioningSample", "Cooker", "CrudeSample",
-    "DefaultTaskEncoder", "EnergonDataset", "ImageClassificationSample", "ImageSample", "InterleavedSample", "LimitDataset",
-    "MultiChoiceVQASample", "OCRSample", "RefusedKeyword", "RepeatDataset", "Sample", "SavableDataLoader",
+    "DefaultTaskEncoder", "EnergonDataset", "ImageClassificationSample", "ImageSample", "InterleavedSample",
+    "LimitDataset", "MultiChoiceVQASample", "OCRSample", "RefusedKeyword", "RepeatDataset", "Sample",
+    "SavableDataLoader",
     "SimilarityInterleavedSample", "SkipSample", "TaskEncoder", "TextSample", "VQASample", "VidQASample",
     "WorkerConfig", "ZephonEnergonWarning", "basic_sample_keys", "batch_list", "batch_pad_stack", "batch_stack",
     "cooker", "edataclass", "generic_batch", "get_loader", "get_savable_loader", "get_train_dataset",

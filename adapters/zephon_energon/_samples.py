@@ -20,6 +20,7 @@ from zephon.formats.records import SRC
 from zephon.ops import Operator, RecordError
 
 from ._hooks import SKIP, call_hook, energon_context, expand_result, fn_name, overridden, qualname
+from .keywords import refuse
 
 def resolve_sample_type(spec):
     """The sample class from a dataset.yaml ``sample_type`` (``{"__module__", "__class__"}``), a class,
@@ -36,6 +37,11 @@ def resolve_sample_type(spec):
         raise ValueError(f"dataset.yaml sample_type {spec!r} cannot be imported: {e}") from None
 
 
+#: dataset.yaml ``__class__`` values that are Energon's own factories (None: the sample_type form).
+_ENERGON_FACTORIES = {None, "StandardWebdatasetFactory", "DefaultDecoderWebdatasetFactory",
+                      "DefaultGenericWebdatasetFactory", "CrudeWebdataset"}
+
+
 class SampleFactory:
     """Builds one dataset's Energon samples from reader records, as Energon's
     ``DefaultGenericWebdatasetFactory.load_sample`` does: ``field_map`` entries (``json[caption]``
@@ -45,6 +51,11 @@ class SampleFactory:
 
     def __init__(self, path: str, meta: dict, subflavors: dict | None = None):
         self.path = str(path)
+        if meta.get("class") not in _ENERGON_FACTORIES:  # a user's factory subclass: its Python is not run here
+            refuse(f"dataset class {meta.get('class')!r}", f"{self.path}: dataset.yaml names a Python dataset class "
+                   f"(a subclass of Energon's DefaultDecoderWebdatasetFactory, say); zephon_energon reads "
+                   f"sample_type + field_map datasets and CrudeWebdataset ones: write a sample_type + field_map "
+                   f"dataset.yaml, or make it a CrudeWebdataset and build the sample in a cooker")
         self.crude = bool(meta.get("crude"))
         self.subflavors = dict(meta.get("subflavors") or {})
         self.subflavors.update(subflavors or {})

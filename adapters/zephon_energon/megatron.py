@@ -50,7 +50,8 @@ def checkpoint_name(save_dir: str, iteration: int, dp_rank: int) -> str:
     except ImportError:
         return default_checkpoint_name(save_dir, iteration, dp_rank)
     return get_checkpoint_name(save_dir, iteration, pipeline_parallel=False, tensor_rank=0, pipeline_rank=0,
-                               expert_parallel=False, expert_rank=0, basename=f"train_dataloader_dprank{dp_rank:03d}.pt")
+                               expert_parallel=False, expert_rank=0,
+                               basename=f"train_dataloader_dprank{dp_rank:03d}.pt")
 
 
 def default_checkpoint_name(save_dir: str, iteration: int, dp_rank: int) -> str:
