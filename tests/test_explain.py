@@ -275,3 +275,16 @@ def test_torch_adapter_explains_its_rows_and_skips_through_its_state(dirs, token
     ex = ds.explain(range(3, 6))
     assert [r["stream_step"] for r in ex["rows"] if r["lane"] == 0 and r["micro"] == 0] == [3, 6, 7]
     check_rows(ex, {k: (None, v, None) for k, v in got.items() if k[0] >= 3}, tokenizer_path, packed=True)
+
+
+def test_cli_verify_checks_a_skip(dirs, tokenizer_path, capsys):
+    from zephon.cli import main
+
+    flags = ["--data", dirs[0], "--data", dirs[1], "--tokenizer", tokenizer_path, "--eos-token", "<eos>",
+             "--canonical-replicas", "4", "--max-length", "128", "--chunk-size", "16", "--dp", "2", "--resume-dp", "4,1",
+             "--checkpoint-step", "3", "--steps", "8", "--no-progress", "--workers", "1"]
+    assert main(["verify", *flags, "--skip", "4:6"]) == 0
+    out = capsys.readouterr().out
+    assert "OK: all" in out and "MISMATCH" not in out
+    assert main(["verify", *flags, "--skip", "2:6"]) == 2
+    assert "starts before --checkpoint-step 3" in capsys.readouterr().err
