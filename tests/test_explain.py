@@ -1,7 +1,8 @@
 """``Loader.explain``: every row of a global step named from the config, checked against what an uninterrupted
 Loader delivered (its rows' source ids and tokens) and against the files themselves (the named line and byte range
 read here with ``json``, tokenized here); and skipped step ranges on resume, checked against the uninterrupted
-stream with those steps taken out, across two further resumes at other dp."""
+stream with those steps taken out, across two further resumes at other dp. The scheduled pipeline and the torch
+adapter are ``slow``: ``pytest -m slow tests/test_explain.py``."""
 from __future__ import annotations
 
 import json
@@ -87,7 +88,7 @@ def plain_loader(dirs, dp=1, rank=0, runner="inline", **kw):
 SCHEDULE = [{"linear": {0: 3, 6: 1}}, {"linear": {0: 1, 6: 3}}]
 
 
-@pytest.mark.parametrize("kind", ["packed", "plain", "scheduled"])
+@pytest.mark.parametrize("kind", ["packed", "plain", pytest.param("scheduled", marks=pytest.mark.slow)])
 def test_explain_names_what_an_uninterrupted_loader_delivered(dirs, tokenizer_path, kind):
     steps = 14
     if kind == "plain":
@@ -195,6 +196,7 @@ def first_differing_delivered(a, b, steps):
     return None
 
 
+@pytest.mark.slow  # ~8 s
 def test_diff_names_the_first_step_a_shuffle_buffer_or_an_appended_phase_moves(dirs, tokenizer_path):
     from zephon.engine.diff import compare_plans
 
@@ -238,6 +240,7 @@ def test_cli_explain_and_diff(dirs, tokenizer_path, capsys):
 
 # ------------------------------------------------------------------------------------------ a host adapter
 
+@pytest.mark.slow  # ~20 s: run with -m slow
 def test_torch_adapter_explains_its_rows_and_skips_through_its_state(dirs, tokenizer_path):
     pytest.importorskip("torch")
     import zephon_torch
