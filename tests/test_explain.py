@@ -284,8 +284,8 @@ def test_cli_verify_checks_a_skip(dirs, tokenizer_path, capsys):
     from zephon.cli import main
 
     flags = ["--data", dirs[0], "--data", dirs[1], "--tokenizer", tokenizer_path, "--eos-token", "<eos>",
-             "--canonical-replicas", "4", "--max-length", "128", "--chunk-size", "16", "--dp", "2", "--resume-dp", "4,1",
-             "--checkpoint-step", "3", "--steps", "8", "--no-progress", "--workers", "1"]
+             "--canonical-replicas", "4", "--max-length", "128", "--chunk-size", "16", "--dp", "2",
+             "--resume-dp", "4,1", "--checkpoint-step", "3", "--steps", "8", "--no-progress", "--workers", "1"]
     assert main(["verify", *flags, "--skip", "4:6"]) == 0
     out = capsys.readouterr().out
     assert "OK: all" in out and "MISMATCH" not in out
