@@ -291,3 +291,26 @@ def test_cli_verify_checks_a_skip(dirs, tokenizer_path, capsys):
     assert "OK: all" in out and "MISMATCH" not in out
     assert main(["verify", *flags, "--skip", "2:6"]) == 2
     assert "starts before --checkpoint-step 3" in capsys.readouterr().err
+
+
+def test_streaming_adapter_explains_its_epoch(tmp_path):
+    pytest.importorskip("torch")
+    from helpers import world, write_split_jsonl
+    from zephon_streaming import StreamingDataset
+
+    local = write_split_jsonl(str(tmp_path), "a", 3, 40, 0)
+    with world(0, 1):
+        ds = StreamingDataset(local=local, split="train", batch_size=8, shuffle=True, shuffle_seed=3, chunk_size=4,
+                              aggregate_dir=str(tmp_path / "agg"))
+    ids = [int(s["id"]) for s in ds]  # one rank: the global order, 8 rows per global step
+    steps = len(ids) // 8
+    ex = ds.explain(range(0, steps), epoch=0)
+    for step in range(steps):
+        named = [json.loads(read_line_raw(p))["id"] for r in ex["rows"] if r["step"] == step for p in r["pieces"]]
+        assert sorted(named) == sorted(ids[step * 8:(step + 1) * 8]), step
+
+
+def read_line_raw(piece):
+    with open(piece["file"], "rb") as fh:
+        fh.seek(piece["bytes"][0])
+        return fh.read(piece["bytes"][1] - piece["bytes"][0])
