@@ -1,8 +1,8 @@
 """``Loader.explain``: every row of a global step named from the config, checked against what an uninterrupted
 Loader delivered (its rows' source ids and tokens) and against the files themselves (the named line and byte range
 read here with ``json``, tokenized here); and skipped step ranges on resume, checked against the uninterrupted
-stream with those steps taken out, across two further resumes at other dp. The scheduled pipeline and the torch
-adapter are ``slow``: ``pytest -m slow tests/test_explain.py``."""
+stream with those steps taken out, across two further resumes at other dp. The scheduled pipeline, diff and the
+torch and Energon adapters are ``slow``: ``pytest -m slow tests/test_explain.py``."""
 from __future__ import annotations
 
 import json
@@ -314,3 +314,37 @@ def read_line_raw(piece):
     with open(piece["file"], "rb") as fh:
         fh.seek(piece["bytes"][0])
         return fh.read(piece["bytes"][1] - piece["bytes"][0])
+
+
+@pytest.mark.slow  # ~10 s
+def test_energon_adapter_explains_its_steps(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("megatron.energon")
+    wds = pytest.importorskip("webdataset")
+    import zephon_energon as ze
+    from megatron.energon.epathlib import EPath
+    from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory
+
+    with wds.ShardWriter(str(tmp_path / "data-%03d.tar"), maxcount=30, verbose=0) as w:
+        for i in range(90):
+            w.write({"__key__": f"s{i:05d}", "txt": f"sample {i}"})
+    BaseWebdatasetFactory.prepare_dataset(EPath(str(tmp_path)), sorted(p.name for p in tmp_path.glob("*.tar")),
+                                          split_parts_patterns=[("train", r"data-.*\.tar")], shuffle_seed=None,
+                                          workers=1)
+    with open(tmp_path / ".nv-meta" / "dataset.yaml", "w") as fh:
+        fh.write("__module__: megatron.energon\n__class__: StandardWebdatasetFactory\nfield_map:\n  text: txt\n"
+                 "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\n")
+    ds = ze.get_train_dataset(str(tmp_path), worker_config=ze.WorkerConfig(rank=0, world_size=1, num_workers=0),
+                              batch_size=2, max_samples_per_sequence=None, shuffle_buffer_size=4,
+                              canonical_replicas=4)
+    keys = []
+    for b in ze.get_savable_loader(ds):
+        keys += list(b.__key__)
+        if len(keys) >= 6 * ds.plan.global_batch_size:
+            break
+    gbs = ds.plan.global_batch_size
+    ex = ds.explain(range(0, 6))
+    for step in range(6):
+        named = [ds.plan.datasets[p["dataset"]].read(p["shard"], [p["sample"]])[0]["__key__"]
+                 for r in ex["rows"] if r["step"] == step for p in r["pieces"]]
+        assert sorted(named) == sorted(keys[step * gbs:(step + 1) * gbs]), step
