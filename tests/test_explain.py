@@ -1,7 +1,8 @@
 """``Loader.explain``: every row of a global step named from the config, checked against what an uninterrupted
 Loader delivered (its rows' source ids and tokens) and against the files themselves (the named line and byte range
 read here with ``json``, tokenized here); and skipped step ranges on resume, checked against the uninterrupted
-stream with those steps taken out, across two further resumes at other dp."""
+stream with those steps taken out, across two further resumes at other dp. The scheduled pipeline, diff and the
+torch and Energon adapters are ``slow``: ``pytest -m slow tests/test_explain.py``."""
 from __future__ import annotations
 
 import json
@@ -87,7 +88,7 @@ def plain_loader(dirs, dp=1, rank=0, runner="inline", **kw):
 SCHEDULE = [{"linear": {0: 3, 6: 1}}, {"linear": {0: 1, 6: 3}}]
 
 
-@pytest.mark.parametrize("kind", ["packed", "plain", "scheduled"])
+@pytest.mark.parametrize("kind", ["packed", "plain", pytest.param("scheduled", marks=pytest.mark.slow)])
 def test_explain_names_what_an_uninterrupted_loader_delivered(dirs, tokenizer_path, kind):
     steps = 14
     if kind == "plain":
@@ -195,6 +196,7 @@ def first_differing_delivered(a, b, steps):
     return None
 
 
+@pytest.mark.slow  # ~8 s
 def test_diff_names_the_first_step_a_shuffle_buffer_or_an_appended_phase_moves(dirs, tokenizer_path):
     from zephon.engine.diff import compare_plans
 
@@ -238,6 +240,7 @@ def test_cli_explain_and_diff(dirs, tokenizer_path, capsys):
 
 # ------------------------------------------------------------------------------------------ a host adapter
 
+@pytest.mark.slow  # ~20 s: run with -m slow
 def test_torch_adapter_explains_its_rows_and_skips_through_its_state(dirs, tokenizer_path):
     pytest.importorskip("torch")
     import zephon_torch
@@ -275,3 +278,73 @@ def test_torch_adapter_explains_its_rows_and_skips_through_its_state(dirs, token
     ex = ds.explain(range(3, 6))
     assert [r["stream_step"] for r in ex["rows"] if r["lane"] == 0 and r["micro"] == 0] == [3, 6, 7]
     check_rows(ex, {k: (None, v, None) for k, v in got.items() if k[0] >= 3}, tokenizer_path, packed=True)
+
+
+def test_cli_verify_checks_a_skip(dirs, tokenizer_path, capsys):
+    from zephon.cli import main
+
+    flags = ["--data", dirs[0], "--data", dirs[1], "--tokenizer", tokenizer_path, "--eos-token", "<eos>",
+             "--canonical-replicas", "4", "--max-length", "128", "--chunk-size", "16", "--dp", "2",
+             "--resume-dp", "4,1", "--checkpoint-step", "3", "--steps", "8", "--no-progress", "--workers", "1"]
+    assert main(["verify", *flags, "--skip", "4:6"]) == 0
+    out = capsys.readouterr().out
+    assert "OK: all" in out and "MISMATCH" not in out
+    assert main(["verify", *flags, "--skip", "2:6"]) == 2
+    assert "starts before --checkpoint-step 3" in capsys.readouterr().err
+
+
+def test_streaming_adapter_explains_its_epoch(tmp_path):
+    pytest.importorskip("torch")
+    from helpers import world, write_split_jsonl
+    from zephon_streaming import StreamingDataset
+
+    local = write_split_jsonl(str(tmp_path), "a", 3, 40, 0)
+    with world(0, 1):
+        ds = StreamingDataset(local=local, split="train", batch_size=8, shuffle=True, shuffle_seed=3, chunk_size=4,
+                              aggregate_dir=str(tmp_path / "agg"))
+    ids = [int(s["id"]) for s in ds]  # one rank: the global order, 8 rows per global step
+    steps = len(ids) // 8
+    ex = ds.explain(range(0, steps), epoch=0)
+    for step in range(steps):
+        named = [json.loads(read_line_raw(p))["id"] for r in ex["rows"] if r["step"] == step for p in r["pieces"]]
+        assert sorted(named) == sorted(ids[step * 8:(step + 1) * 8]), step
+
+
+def read_line_raw(piece):
+    with open(piece["file"], "rb") as fh:
+        fh.seek(piece["bytes"][0])
+        return fh.read(piece["bytes"][1] - piece["bytes"][0])
+
+
+@pytest.mark.slow  # ~10 s
+def test_energon_adapter_explains_its_steps(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("megatron.energon")
+    wds = pytest.importorskip("webdataset")
+    import zephon_energon as ze
+    from megatron.energon.epathlib import EPath
+    from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory
+
+    with wds.ShardWriter(str(tmp_path / "data-%03d.tar"), maxcount=30, verbose=0) as w:
+        for i in range(90):
+            w.write({"__key__": f"s{i:05d}", "txt": f"sample {i}"})
+    BaseWebdatasetFactory.prepare_dataset(EPath(str(tmp_path)), sorted(p.name for p in tmp_path.glob("*.tar")),
+                                          split_parts_patterns=[("train", r"data-.*\.tar")], shuffle_seed=None,
+                                          workers=1)
+    with open(tmp_path / ".nv-meta" / "dataset.yaml", "w") as fh:
+        fh.write("__module__: megatron.energon\n__class__: StandardWebdatasetFactory\nfield_map:\n  text: txt\n"
+                 "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\n")
+    ds = ze.get_train_dataset(str(tmp_path), worker_config=ze.WorkerConfig(rank=0, world_size=1, num_workers=0),
+                              batch_size=2, max_samples_per_sequence=None, shuffle_buffer_size=4,
+                              canonical_replicas=4)
+    keys = []
+    for b in ze.get_savable_loader(ds):
+        keys += list(b.__key__)
+        if len(keys) >= 6 * ds.plan.global_batch_size:
+            break
+    gbs = ds.plan.global_batch_size
+    ex = ds.explain(range(0, 6))
+    for step in range(6):
+        named = [ds.plan.datasets[p["dataset"]].read(p["shard"], [p["sample"]])[0]["__key__"]
+                 for r in ex["rows"] if r["step"] == step for p in r["pieces"]]
+        assert sorted(named) == sorted(keys[step * gbs:(step + 1) * gbs]), step

@@ -10,6 +10,8 @@ import time
 
 from tqdm import tqdm
 
+from .cli_formats import numbers as _numbers, positive as _positive
+
 
 def _open_datasets(args) -> list:
     """One Dataset per ``--data`` path, opened with its format's own flags (``cli_formats``). Energon
@@ -113,13 +115,6 @@ def _build_pipeline(args, tokenizer_path):
     return datasets, make_loader
 
 
-def _numbers(text: str, kind, flag: str) -> list:
-    try:
-        return [kind(x) for x in text.split(",")]
-    except ValueError:
-        raise ValueError(f"{flag} takes comma-separated numbers, got {text!r}") from None
-
-
 def _print_verify(report, args, rows=None) -> int:
     from .verify import format_table
 
@@ -148,6 +143,7 @@ def _print_verify(report, args, rows=None) -> int:
 def _run_verify(args, tokenizer_path) -> int:
     import os
 
+    from .cli_debug import verify_skip
     from .verify import elastic_verify
     from .work import TopologyError, check_share_rows, check_topology
 
@@ -166,6 +162,7 @@ def _run_verify(args, tokenizer_path) -> int:
                                 f"--canonical-replicas {R}: {e}") from None
     if args.output_json and not os.path.isdir(os.path.dirname(os.path.abspath(args.output_json))):
         raise ValueError(f"--output-json: directory of {args.output_json} does not exist")
+    skip = verify_skip(args)
     _, make_loader = _build_pipeline(args, tokenizer_path)
     total = args.steps + args.checkpoint_step + len(resume) * (args.steps - args.checkpoint_step)
     with tqdm(total=total, desc="verify (global steps)", unit="step", file=sys.stderr,
@@ -174,7 +171,7 @@ def _run_verify(args, tokenizer_path) -> int:
                                 steps=args.steps, runner=args.runner, workers=args.workers,
                                 micro_batch=args.micro_batch, resume_runner=args.resume_runner,
                                 resume_workers=args.resume_workers, resume_micro_batch=args.resume_micro_batch,
-                                progress=bar)
+                                progress=bar, skip=skip)
     if args.output_json:
         with open(args.output_json, "w") as fh:
             json.dump({"reference": report["reference"].digests,
@@ -300,13 +297,6 @@ def _print_inspect(path: str, info: dict) -> None:
           + ("all OK" if info["ok"] else f"{len(info['bad_shards'])} bad"))
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def _pipeline_args(p, demo: bool) -> None:
     p.add_argument("--canonical-replicas", type=int, default=64, help="lanes (fixed for a run)")
     p.add_argument("--dp", type=int, default=16, help="dp degree of the checkpointed run (default 16)")
@@ -368,6 +358,7 @@ def main_parser() -> argparse.ArgumentParser:
     verify.add_argument("--schedule", default=None, help="YAML/JSON mixture schedule, one weight spec per --data "
                         "(number, {step: {step: w}} or {linear: {step: w}}); see docs/curricula.md")
     verify.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the demo's stdlib BPE)")
+    verify.add_argument("--skip", default=None, help="A:B: the resumes skip steps A..B-1 (docs/debugging.md)")
     _pipeline_args(verify, demo=False)
     add_format_args(verify)
     insp = sub.add_parser("inspect", help="formats, shards, sample counts, columns; checks every shard against "

@@ -19,6 +19,17 @@ def _steps(text: str) -> range:
     return r
 
 
+def verify_skip(args):
+    """``zephon verify --skip A:B`` as ``(A, B)`` (None without it). Raises ``ValueError`` unless
+    ``--checkpoint-step <= A < B``."""
+    if not args.skip:
+        return None
+    r = _steps(args.skip)
+    if r.start < args.checkpoint_step:
+        raise ValueError(f"--skip {args.skip} starts before --checkpoint-step {args.checkpoint_step}")
+    return r.start, r.stop
+
+
 def _plan(args):
     """The ``LoaderPlan`` of the CLI's pipeline flags at ``--dp`` (the demo corpus and tokenizer by default)."""
     from .cli import _build_pipeline

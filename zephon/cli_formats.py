@@ -1,10 +1,27 @@
 """Format options of the ``zephon`` command (``verify``, ``inspect``): the flags, and the ``open_dataset``
-keywords they become for the format of each path (docs/energon.md, docs/remote.md for the formats' own)."""
+keywords they become for the format of each path (docs/energon.md, docs/remote.md for the formats' own); the number
+flags' parsers."""
 from __future__ import annotations
 
 import argparse
 
 FORMAT_CHOICES = ["jsonl", "parquet", "mds", "energon"]
+
+
+def numbers(text: str, kind, flag: str) -> list:
+    """``text``, comma-separated, as a list of ``kind`` (e.g. ``--weights``). Raises ``ValueError`` naming ``flag``."""
+    try:
+        return [kind(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated numbers, got {text!r}") from None
+
+
+def positive(text: str) -> int:
+    """An argparse type: an int >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def add_format_args(p: argparse.ArgumentParser) -> None:

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from .checkpoint import merge_states
+from .checkpoint.skips import stream_step
 from .engine import GlobalBatchHasher, make_runner
 
 
@@ -58,9 +59,10 @@ class TextField:
         return record
 
 
-def run_phase(make_loader, phase: Phase, restore_from: dict | None = None, progress=None) -> list:
+def run_phase(make_loader, phase: Phase, restore_from: dict | None = None, progress=None, skip=None) -> list:
     """Run ``phase`` with ``phase.dp`` loaders sharing one runner; hash every global step in
-    ``[start, stop)``. ``make_loader(dp, rank, micro_batch, runner) -> Loader``. Returns the loaders
+    ``[start, stop)``. ``make_loader(dp, rank, micro_batch, runner) -> Loader``; ``skip``: steps ``(a, b)`` the
+    restore skips (``Loader.restore``'s ``skip_steps``). Returns the loaders
     (so the caller can checkpoint them); closes the shared runner."""
     t0 = time.perf_counter()
     stage = make_loader(1, 0, phase.micro_batch, "inline").plan.stage  # what the shared runner's workers run
@@ -69,7 +71,7 @@ def run_phase(make_loader, phase: Phase, restore_from: dict | None = None, progr
         loaders = [make_loader(phase.dp, r, phase.micro_batch, runner) for r in range(phase.dp)]
         if restore_from is not None:
             for L in loaders:
-                L.restore(restore_from)
+                L.restore(restore_from, skip_steps=skip)
         # a rank's rows per step: its lanes' rows, or its block of a lane it shares with other ranks (dp > lanes)
         per_step = [len(L.lanes) * (getattr(L, "rows_per_rank_step", L.rows_per_lane_step) // phase.micro_batch)
                     for L in loaders]
@@ -98,14 +100,17 @@ def run_phase(make_loader, phase: Phase, restore_from: dict | None = None, progr
 def elastic_verify(make_loader, *, dp: int, resume_dps, checkpoint_step: int, steps: int,
                    runner: str = "threads", workers: int = 2, micro_batch: int = 1,
                    resume_runner: str | None = None, resume_workers: int | None = None,
-                   resume_micro_batch: int | None = None, progress=None) -> dict:
+                   resume_micro_batch: int | None = None, progress=None, skip=None) -> dict:
     """Reference (dp 1, steps ``[0, steps)``), a run on ``dp`` ranks to ``checkpoint_step``, then one
     resume per entry of ``resume_dps`` to ``steps``. Returns a report dict: phases, per-step digests,
     checkpoint (the merged global state, JSON-round-tripped), its size in bytes, ``mismatches``
-    (``[(phase, first differing step)]``) and ``metrics`` (the reference run's ``Loader.metrics()``)."""
+    (``[(phase, first differing step)]``) and ``metrics`` (the reference run's ``Loader.metrics()``). ``skip``:
+    ``(a, b)``, steps the resumes skip (``checkpoint_step <= a``): resumed step ``t`` must then hash as the
+    reference's ``checkpoint.skips.stream_step(t)``."""
     if not 0 < checkpoint_step < steps:
         raise ValueError(f"need 0 < checkpoint_step ({checkpoint_step}) < steps ({steps})")
-    ref = Phase("reference dp=1", 1, 0, steps, runner, workers, micro_batch)
+    skips = [list(skip)] if skip else []
+    ref = Phase("reference dp=1", 1, 0, stream_step(steps - 1, skips) + 1, runner, workers, micro_batch)
     ref_metrics = run_phase(make_loader, ref, progress=progress)[0].metrics()
     first = Phase(f"dp={dp}", dp, 0, checkpoint_step, runner, workers, micro_batch)
     loaders = run_phase(make_loader, first, progress=progress)
@@ -116,23 +121,24 @@ def elastic_verify(make_loader, *, dp: int, resume_dps, checkpoint_step: int, st
         ph = Phase(f"resume dp={rdp}", rdp, checkpoint_step, steps, resume_runner or runner,
                    resume_workers if resume_workers is not None else workers,
                    resume_micro_batch if resume_micro_batch is not None else micro_batch)
-        run_phase(make_loader, ph, restore_from=state, progress=progress)
+        run_phase(make_loader, ph, restore_from=state, progress=progress, skip=skip)
         resumes.append(ph)
     for ph in resumes:  # the fair comparison: a fresh start on the same dp degree and runner
         ph.cold = Phase(f"cold start dp={ph.dp}", ph.dp, 0, 1, ph.runner, ph.workers, ph.micro_batch)
         run_phase(make_loader, ph.cold)
     mismatches = []
     for ph in [first, *resumes]:
-        bad = [s for s in range(ph.start, ph.stop) if ph.digests.get(s) != ref.digests.get(s)]
+        bad = [s for s in range(ph.start, ph.stop) if ph.digests.get(s) != ref.digests.get(stream_step(s, skips))]
         if bad:
             mismatches.append((ph.name, bad[0]))
-    return {"reference": ref, "checkpointed": first, "resumes": resumes,
+    return {"reference": ref, "checkpointed": first, "resumes": resumes, "skips": skips,
             "checkpoint": state, "checkpoint_bytes": len(blob.encode()), "mismatches": mismatches,
             "metrics": ref_metrics}
 
 
 def format_table(report: dict, rows=None, width: int = 12) -> str:
-    """Per-step table of global-batch SHA-256 prefixes: reference, the checkpointed run, each resume.
+    """Per-step table of global-batch SHA-256 prefixes: reference, the checkpointed run, each resume (compared, when
+    the resumes skip steps, with the reference step they deliver).
     ``rows``: steps to show (default all). A cell is the prefix, or ``MISMATCH <prefix>``."""
     ref = report["reference"]
     phases = [report["checkpointed"], *report["resumes"]]
@@ -141,7 +147,8 @@ def format_table(report: dict, rows=None, width: int = 12) -> str:
     for s in (rows if rows is not None else range(ref.start, ref.stop)):
         cells = [str(s), ref.digests[s][:width]]
         for p in phases:
-            d = p.digests.get(s)
-            cells.append("" if d is None else (d[:width] if d == ref.digests[s] else f"MISMATCH {d[:width]}"))
+            d = p.digests.get(s)  # a resume that skips steps delivers the reference's later ones
+            want = ref.digests.get(stream_step(s, report.get("skips", [])) if p in report["resumes"] else s)
+            cells.append("" if d is None else (d[:width] if d == want else f"MISMATCH {d[:width]}"))
         lines.append(" | ".join(f"{c:<{width + 2}}" for c in cells))
     return "\n".join(lines)

@@ -40,7 +40,7 @@ def explain(plan, steps, *, state=None, text_field: str | None = None) -> dict:
         of them, numbered as training sees them (after the checkpoint's skipped ranges).
     state: a checkpoint of the run (merged, any dp) at or before the first step: lanes replay from its cursors
         (needed for a packed or filtered pipeline far into a run; without it such lanes replay from step 0).
-        Its skipped ranges apply.
+        Its skipped ranges apply (or ``plan``'s, when they extend them: a loader restored from it with more).
     text_field: also return each piece's document text from this field (``Decode``'s), read again from the file.
     Returns ``{"steps", "skips", "rows_per_lane_step", "micro_batch_size", "replayed_pointers", "rows"}``; each
     row ``{"step", "stream_step", "lane", "rank", "micro", "row", "pad", "pieces"}`` (``stream_step``: the step of
@@ -54,9 +54,11 @@ def explain(plan, steps, *, state=None, text_field: str | None = None) -> dict:
     lanes = list(range(plan.canonical_replicas))
     cursors = {}
     if state is not None:
-        plan = plan.with_restored_skips(state)
+        restored = plan.with_restored_skips(state)
+        if plan.skips[:len(restored.skips)] != restored.skips:  # not a loader resumed from it with more skips
+            plan = restored
         cursors = plan.validate(state, lanes)
-    skips = plan.skips_of(state)
+    skips = plan.skips
     rps, m = plan.rows_per_lane_step, plan.micro_batch_size
     runner = make_runner("inline", plan.stage)
     owner = _row_owners(plan)
