@@ -65,6 +65,12 @@ _ROWS = [
     ("torchtitan.dcp_resume",
      "training loop with DCP save/load of model + optimizer + loader: resumed at dp 1/2/4, identical global "
      "batches; at the same dp, identical losses"),
+    ("torchtitan.trainer.config",
+     "a TorchTitan job config (--module zephon_torch.titan_config) selects Zephon through TorchTitan's "
+     "ConfigManager; config.dataloader.build(...) with the Trainer's keywords"),
+    ("torchtitan.trainer.elastic",
+     "TorchTitan's own Trainer (CPU, gloo, llama3 debugmodel): CheckpointManager saves, resume at another dp "
+     "through its load path, identical global batches; its ParallelAwareDataloader refuses the dp change"),
 ]
 
 CONTRACTS = [Contract(i, i.split(".", 1)[0], t) for i, t in _ROWS]
