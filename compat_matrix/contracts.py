@@ -71,6 +71,9 @@ _ROWS = [
     ("torchtitan.trainer.elastic",
      "TorchTitan's own Trainer (CPU, gloo, llama3 debugmodel): CheckpointManager saves, resume at another dp "
      "through its load path, identical global batches; its ParallelAwareDataloader refuses the dp change"),
+    ("torchtitan.trainer.launch",
+     "the launch experiment's script (checkpoint at step 150 on 16 ranks, resume on 8/32/64; CPU ranks "
+     "simulate missing GPUs) plans it and dry-runs on CPU"),
 ]
 
 CONTRACTS = [Contract(i, i.split(".", 1)[0], t) for i, t in _ROWS]
