@@ -18,7 +18,10 @@ pytest.importorskip("torchtitan.trainer", reason="torchtitan not installed: the 
 from benchmarks.titan.launch import global_batches, tail, torchrun  # noqa: E402
 
 GLOBAL_BATCH = 8  # rows per global step; canonical_replicas 4, so dp 1, 2 and 4 all divide it
-REFUSAL = "dataloader resharding is not supported"
+#: How TorchTitan's own loader stops a resume at another dp degree: fewer ranks reach its load_state_dict's
+#: assert; more ranks ask DCP for per-rank entries the checkpoint does not have.
+REFUSALS = {(4, 2): "dataloader resharding is not supported",
+            (2, 4): "Missing key in checkpoint state_dict: dataloader.dp_rank_2"}
 
 
 def zephon_args(corpus, tokenizer_path, dump, *, dp, steps, interval):
@@ -130,3 +133,40 @@ def test_torchtitan_trainer_resumes_zephon_at_another_dp(corpus, tokenizer_path,
     dump = resume_dump(tmp, "resume-1", full_dump, 2)
     _, resumed, _ = run(tmp, "resume-1", 1, zephon_args(corpus, tokenizer_path, dump, dp=1, steps=4, interval=100))
     check_resume(full, resumed, 2, 4, "2 -> 1")
+
+
+@pytest.mark.slow
+@pytest.mark.contract("torchtitan.trainer.elastic")
+def test_torchtitan_trainer_resume_table_4_to_2_and_2_to_4(corpus, tokenizer_path, tmp_path):
+    """The resume table of docs/distributed.md: TorchTitan checkpoints at step 3 on 4 (2) ranks and resumes
+    on 2 (4). Zephon's loader: steps 4-6 equal the uninterrupted run's global batches. TorchTitan's own
+    loader, same Trainer and commands: its load fails (``REFUSALS``) and the run stops."""
+    tmp, k, n = str(tmp_path), 3, 6
+    z = lambda dump, dp, steps, interval: zephon_args(corpus, tokenizer_path, dump, dp=dp, steps=steps,  # noqa: E731
+                                                      interval=interval)
+    t = lambda dump, dp, steps, interval: titan_args(corpus, tokenizer_path, dump, dp=dp, steps=steps,  # noqa: E731
+                                                     interval=interval)
+    table = []
+    _, full, _ = run(tmp, "zephon-full-dp2", 2, z(os.path.join(tmp, "zephon-full-dp2"), 2, n, k))
+    assert sorted(full) == list(range(1, n + 1)) and len({tuple(b) for b in full.values()}) == n
+    _, head4, _ = run(tmp, "zephon-head-dp4", 4, z(os.path.join(tmp, "zephon-head-dp4"), 4, k, k))
+    assert all(head4[s] == full[s] for s in range(1, k + 1)), "4 ranks fresh differ from 2 ranks fresh"
+    saved = {4: os.path.join(tmp, "zephon-head-dp4"), 2: os.path.join(tmp, "zephon-full-dp2")}
+    for src, dst in ((4, 2), (2, 4)):
+        assert dcp_keys(saved[src], k) == ["dataloader.zephon_state"]
+        dump = resume_dump(tmp, f"zephon-{src}to{dst}", saved[src], k)
+        _, resumed, _ = run(tmp, f"zephon-{src}to{dst}", dst, z(dump, dst, n, 100))
+        table.append(("zephon", src, dst, f"resumed: steps {k + 1}-{n} equal the uninterrupted run's "
+                      f"({check_resume(full, resumed, k, n, f'{src} -> {dst}')} of {n - k})"))
+    for src, dst in ((4, 2), (2, 4)):
+        save = os.path.join(tmp, f"titan-head-dp{src}")
+        _, head, _ = run(tmp, f"titan-head-dp{src}", src, t(save, src, k, k))
+        assert sorted(head) == list(range(1, k + 1))
+        assert dcp_keys(save, k) == sorted([f"dataloader.dp_rank_{r}" for r in range(src)] + ["dataloader.world_size"])
+        dump = resume_dump(tmp, f"titan-{src}to{dst}", save, k)
+        rc, resumed, log = run(tmp, f"titan-{src}to{dst}", dst, t(dump, dst, n, 100), expect_ok=False)
+        with open(log, errors="replace") as fh:
+            refused = REFUSALS[src, dst] in fh.read()
+        assert rc != 0 and refused and not resumed, f"TorchTitan's loader did not refuse {src} -> {dst}\n{tail(log)}"
+        table.append(("titan", src, dst, f"refused: torchrun exit {rc}, '{REFUSALS[src, dst]}', no step trained"))
+    print("\n".join(f"| {a} | {b} -> {c} | {d} |" for a, b, c, d in table))

@@ -11,7 +11,9 @@ ranks are simulated as D CPU processes over gloo (``launch.torchrun(cpu=True)``:
 still real torch.distributed ranks with their own dp_rank. ``--dry-run`` prints the plan, parses every
 run's TorchTitan config with TorchTitan's ConfigManager and builds rank 0's data loader at every dp degree
 (a dp degree that does not fit ``canonical_replicas`` or the global batch fails here), then stops.
-Output: ``OUT/report.md`` (one row per resume) and ``OUT/report.json`` (per-step digests).
+``--scratch-dp``: from-scratch runs at more dp degrees (the loss curves' spread across rank counts).
+Output: ``OUT/report.md`` (one row per resume or from-scratch run: global batches equal to the
+uninterrupted run's, largest loss difference) and ``OUT/report.json`` (per-step digests and losses).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import os
 import shutil
 from dataclasses import asdict, dataclass, field
 
-from .launch import global_batches, tail, torchrun
+from .launch import global_batches, losses, tail, torchrun
 
 
 @dataclass
@@ -47,6 +49,8 @@ def parse(argv=None) -> argparse.Namespace:
                    help="function of zephon_torch.titan_config (zephon_llama3_1b: the launch report's size)")
     p.add_argument("--save-dp", type=int, default=16)
     p.add_argument("--resume-dp", type=int, nargs="+", default=[8, 32, 64])
+    p.add_argument("--scratch-dp", type=int, nargs="*", default=[],
+                   help="from-scratch runs at these dp degrees too (the loss curves' spread across rank counts)")
     p.add_argument("--checkpoint-step", type=int, default=150)
     p.add_argument("--steps", type=int, default=200, help="last step of every run")
     p.add_argument("--global-batch", type=int, default=64, help="rows per step (a multiple of every dp)")
@@ -63,7 +67,7 @@ def parse(argv=None) -> argparse.Namespace:
 def plan(opts, gpus: int) -> list[Run]:
     """The runs, in order. Raises ``ValueError`` for a dp degree that does not divide the global batch or a
     checkpoint step past the last step."""
-    dps = [opts.save_dp, *opts.resume_dp]
+    dps = [opts.save_dp, *opts.resume_dp, *opts.scratch_dp]
     bad = [d for d in dps if opts.global_batch % d]
     if bad:
         raise ValueError(f"--global-batch {opts.global_batch} is not a multiple of dp {bad}")
@@ -73,6 +77,7 @@ def plan(opts, gpus: int) -> list[Run]:
     full = Run(f"full-dp{opts.save_dp}", opts.save_dp, device(opts.save_dp), opts.steps, opts.checkpoint_step)
     runs = [full] + [Run(f"resume-dp{d}", d, device(d), opts.steps, opts.steps, load=full.name,
                          load_step=opts.checkpoint_step) for d in opts.resume_dp]
+    runs += [Run(f"scratch-dp{d}", d, device(d), opts.steps, opts.steps) for d in opts.scratch_dp]
     for r in runs:
         r.args = titan_args(opts, r)
     return runs
@@ -120,7 +125,8 @@ def batch_digest(rows: list[str]) -> str:
 def execute(opts, runs: list[Run]) -> dict:
     """Launch every run, then compare each resume's steps with the full run's; returns the report."""
     out = os.path.abspath(opts.out)
-    batches = {}
+    batches, loss = {}, {}
+    os.makedirs(out, exist_ok=True)
     for r in runs:
         dump = os.path.join(out, r.name)
         if r.load:
@@ -130,14 +136,19 @@ def execute(opts, runs: list[Run]) -> dict:
         rc = torchrun(r.dp, r.args, digests=digests, cpu=r.device == "cpu", log=log, timeout=opts.timeout)
         if rc:
             raise RuntimeError(f"{r.name}: torchrun exited {rc} (log {log})\n{tail(log)}")
-        batches[r.name] = global_batches(digests)
-    full = batches[runs[0].name]
-    report = {"runs": [asdict(r) for r in runs], "full": {s: batch_digest(b) for s, b in full.items()}, "resumes": {}}
+        batches[r.name], loss[r.name] = global_batches(digests), losses(digests)
+    full, full_loss = batches[runs[0].name], loss[runs[0].name]
+    report = {"runs": [asdict(r) for r in runs], "full": {s: batch_digest(b) for s, b in full.items()},
+              "full_loss": full_loss, "resumes": {}}
     for r in runs[1:]:
         got = batches[r.name]
         same = [s for s in got if got[s] == full.get(s)]
-        report["resumes"][r.name] = {"dp": r.dp, "device": r.device, "steps": sorted(got), "identical": len(same),
-                                     "digests": {s: batch_digest(b) for s, b in got.items()}}
+        report["resumes"][r.name] = {
+            "dp": r.dp, "device": r.device, "kind": "resume" if r.load else "from scratch", "steps": sorted(got),
+            "identical": len(same), "digests": {s: batch_digest(b) for s, b in got.items()}, "loss": loss[r.name],
+            "max_loss_diff": max(abs(v - full_loss[s]) for s, v in loss[r.name].items())}
+    scratch = [loss[r.name] for r in runs if not r.load]
+    report["scratch_spread"] = max(max(c[s] for c in scratch) - min(c[s] for c in scratch) for s in full_loss)
     return report
 
 
@@ -146,11 +157,15 @@ def write_report(opts, report: dict) -> str:
     full = report["runs"][0]
     lines = [f"Checkpoint at step {opts.checkpoint_step} on {full['dp']} ranks ({full['device']}), "
              f"steps to {opts.steps}, global batch {opts.global_batch} x {opts.seq_len} tokens, "
-             f"config {opts.config}.", "", "| resume on | device | steps | global batches identical |",
-             "| --- | --- | --- | --- |"]
-    for name, r in report["resumes"].items():
-        lines.append(f"| {r['dp']} ranks | {r['device']} | {r['steps'][0]}-{r['steps'][-1]} | "
-                     f"{r['identical']}/{len(r['steps'])} |")
+             f"config {opts.config}.", "",
+             "| run | ranks | device | steps | global batches equal to the uninterrupted run's | max abs loss diff |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in report["resumes"].values():
+        lines.append(f"| {r['kind']} | {r['dp']} | {r['device']} | {r['steps'][0]}-{r['steps'][-1]} | "
+                     f"{r['identical']}/{len(r['steps'])} | {r['max_loss_diff']:.2e} |")
+    dps = [full["dp"]] + [r["dp"] for r in report["resumes"].values() if r["kind"] != "resume"]
+    lines += ["", f"Loss spread of the from-scratch runs on {', '.join(map(str, dps))} ranks (max over steps of "
+              f"max - min): {report['scratch_spread']:.2e}."]
     md = "\n".join(lines) + "\n"
     os.makedirs(opts.out, exist_ok=True)
     with open(os.path.join(opts.out, "report.json"), "w") as fh:

@@ -63,7 +63,7 @@ def global_batches(digests: str) -> dict[int, list[str]]:
     Raises ``ValueError`` when a step lacks a dp rank or has one twice (a run that did not finish)."""
     by_step: dict[int, dict[int, list[str]]] = defaultdict(dict)
     sizes: dict[int, int] = {}
-    for name in sorted(os.listdir(digests)):
+    for name in sorted(n for n in os.listdir(digests) if n.startswith("rank")):
         with open(os.path.join(digests, name)) as fh:
             for line in fh:
                 rec = json.loads(line)
@@ -77,6 +77,12 @@ def global_batches(digests: str) -> dict[int, list[str]]:
             raise ValueError(f"{digests}: step {step} has dp ranks {sorted(ranks)} of {sizes[step]}")
         out[step] = [row for r in sorted(ranks) for row in ranks[r]]
     return out
+
+
+def losses(digests: str) -> dict[int, float]:
+    """``{step: TorchTitan's global average loss}`` logged by rank 0 (``train.log_losses``)."""
+    with open(os.path.join(digests, "loss.jsonl")) as fh:
+        return {rec["step"]: rec["loss"] for rec in map(json.loads, fh)}
 
 
 def tail(log: str, lines: int = 30) -> str:

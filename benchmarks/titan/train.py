@@ -5,7 +5,9 @@
 ``--digests DIR``: ``Trainer.batch_generator`` (what feeds ``train_step``) is wrapped so each batch it
 yields appends one line to ``DIR/rank{r}.jsonl``: ``{"step", "dp_rank", "dp", "rows": [sha256 of each row's
 input, positions and labels as int64]}``. ``launch.global_batches`` joins the ranks' lines into global
-batches. ``--cpu``: ``cpu.patch_for_cpu()`` first (what TorchTitan needs on a machine without GPUs).
+batches. Rank 0 also appends ``{"step", "loss"}`` (TorchTitan's global average loss, as its metrics log it)
+to ``DIR/loss.jsonl`` (``launch.losses``). ``--cpu``: ``cpu.patch_for_cpu()`` first (what TorchTitan
+needs on a machine without GPUs).
 Everything else (config parsing, Trainer, CheckpointManager, DCP) is TorchTitan's, unchanged.
 """
 from __future__ import annotations
@@ -47,6 +49,21 @@ def log_batches(trainer_cls, out_dir: str) -> None:
     trainer_cls.batch_generator = batch_generator
 
 
+def log_losses(metrics_cls, out_dir: str) -> None:
+    """Wrap ``metrics_cls.log`` (TorchTitan's ``MetricsProcessor.log``) so rank 0 records each step's loss."""
+    import torch.distributed as dist
+
+    original = metrics_cls.log
+
+    def log(self, step, global_avg_loss, *args, **kwargs):
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            with open(os.path.join(out_dir, "loss.jsonl"), "a") as fh:
+                fh.write(json.dumps({"step": step, "loss": float(global_avg_loss)}) + "\n")
+        return original(self, step, global_avg_loss, *args, **kwargs)
+
+    metrics_cls.log = log
+
+
 def main(argv=None) -> None:
     """Parse our two options, apply them, then hand the rest of ``argv`` to ``torchtitan.train.main``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -58,10 +75,12 @@ def main(argv=None) -> None:
 
         patch_for_cpu()
     if ours.digests:
+        from torchtitan.components.metrics import MetricsProcessor
         from torchtitan.trainer import Trainer
 
         os.makedirs(ours.digests, exist_ok=True)
         log_batches(Trainer, ours.digests)
+        log_losses(MetricsProcessor, ours.digests)
     import torchtitan.train
 
     sys.argv = [sys.argv[0], *rest]
