@@ -10,7 +10,8 @@ Two things stop TorchTitan on a machine without an accelerator, and configuratio
 2. Attention. Llama 3 only takes FlexAttention (or varlen, CUDA only), and torch's FlexAttention raises
    "does not support backward on CPU". The patch computes the same block-causal attention with
    ``scaled_dot_product_attention`` and the boolean mask materialised from the BlockMask's own
-   ``mask_mod`` (same positions, same masking; dense, so only for small ``seq_len``).
+   ``mask_mod`` (same positions, same masking; dense, so only for small ``seq_len``). TorchTitan's
+   ``--debug.deterministic`` recompiles FlexAttention over this patch: leave it off on CPU.
 
 What configuration does reach is set on the command line instead (benchmarks/titan/train.py):
 DDP (``parallelism.data_parallel_replicate_degree = world``, ``data_parallel_shard_degree = 1``),

@@ -56,6 +56,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--global-batch", type=int, default=64, help="rows per step (a multiple of every dp)")
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--canonical-replicas", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0, help="TorchTitan's --debug.seed: the same initial model in every run")
     p.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all visible)")
     p.add_argument("--out", default="titan-elastic-out")
     p.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per run")
@@ -91,7 +92,8 @@ def titan_args(opts, run: Run) -> list[str]:
             "--dataloader.canonical_replicas", str(opts.canonical_replicas),
             "--training.seq_len", str(opts.seq_len), "--training.local_batch_size", str(opts.global_batch // run.dp),
             "--training.steps", str(run.steps), "--dump_folder", os.path.join(os.path.abspath(opts.out), run.name),
-            "--checkpoint.enable", "--checkpoint.interval", str(run.interval), *opts.extra]
+            "--checkpoint.enable", "--checkpoint.interval", str(run.interval), "--debug.seed", str(opts.seed),
+            *opts.extra]
 
 
 def dry_run(opts, runs: list[Run]) -> list[str]:
