@@ -85,6 +85,9 @@ SECTIONS = [
             _simple("transport")),
     Section("curricula", None, "realised dataset shares under a curriculum schedule (benchmarks/curricula.py)",
             _own("curricula", ()), True),
+    Section("titan", None, "loss curves through TorchTitan's own Trainer on CPU: checkpoint on 4 ranks, resume on 1 "
+            "and 2, from-scratch spread (benchmarks/titan/curves.py; GPUs: scripts/titan_elastic.sh)",
+            _own("titan.curves", ("workdir", "quick")), True),
 ]
 BY_NAME = {s.name: s for s in SECTIONS} | {str(s.number): s for s in SECTIONS if s.number}
 SIDE_BY_SIDE = ",".join(s.name for s in SECTIONS if s.number)

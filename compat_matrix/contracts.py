@@ -76,6 +76,15 @@ _ROWS = [
     ("torchtitan.dcp_resume",
      "training loop with DCP save/load of model + optimizer + loader: resumed at dp 1/2/4, identical global "
      "batches; at the same dp, identical losses"),
+    ("torchtitan.trainer.config",
+     "a TorchTitan job config (--module zephon_torch.titan_config) selects Zephon through TorchTitan's "
+     "ConfigManager; config.dataloader.build(...) with the Trainer's keywords"),
+    ("torchtitan.trainer.elastic",
+     "TorchTitan's own Trainer (CPU, gloo, llama3 debugmodel): CheckpointManager saves, resume at another dp "
+     "through its load path, identical global batches; its ParallelAwareDataloader refuses the dp change"),
+    ("torchtitan.trainer.launch",
+     "the launch experiment's script (checkpoint at step 150 on 16 ranks, resume on 8/32/64; CPU ranks "
+     "simulate missing GPUs) plans it and dry-runs on CPU"),
     # llm-foundry
     ("llmfoundry.text_dataloader",
      "build_text_dataloader / StreamingTextDataset on zephon_streaming (streaming's two names swapped first): "

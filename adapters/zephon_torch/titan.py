@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from zephon import Schedule
 from zephon.host import CheckpointError, decode_state, encode_state, state_capacity
 from zephon.formats import open_dataset
 from zephon.ops import Batch, Decode, Pack, Shuffle, Tokenize
@@ -45,19 +46,21 @@ class ZephonTextDataLoader(_Base):
 
     ``Config`` fields (TorchTitan's ``dataset_path`` plus Zephon's): ``dataset_path`` one or more inputs
     separated by ``,`` (JSONL/Parquet/MDS files, directories or globs), ``weights`` (same count, default
-    equal), ``text_field`` ("text"), ``canonical_replicas`` (lanes, fixed for the run: every dp degree used
-    must divide it or be a multiple of it, ranks then sharing lanes: docs/distributed.md), ``seed``,
-    ``shuffle_buffer`` (rows, 0 = off), ``chunk_size``, ``num_workers``
-    (DataLoader workers; may change between runs), ``prefetch_factor``, ``pin_memory``,
-    ``persistent_workers`` (False only), ``infinite``, ``packing`` (``"best_fit"``, the default: documents in
-    padded rows of ``seq_len + 1`` tokens; ``"first_fit"``; ``"concat"``: documents end to end cut into windows of
-    ``seq_len + 1`` tokens sharing one, as Megatron-LM and TorchTitan's own text dataset build them, no padding).
+    equal), ``schedule`` (a YAML/JSON mixture schedule file, weights that change with the step; replaces
+    ``weights``: docs/curricula.md), ``text_field`` ("text"), ``canonical_replicas`` (lanes, fixed for the run:
+    every dp degree used must divide it or be a multiple of it, ranks then sharing lanes: docs/distributed.md),
+    ``seed``, ``shuffle_buffer`` (rows, 0 = off), ``chunk_size``, ``num_workers`` (DataLoader workers; may change
+    between runs), ``prefetch_factor``, ``pin_memory``, ``persistent_workers`` (False only), ``infinite``,
+    ``packing`` (``"best_fit"``, the default: documents in padded rows of ``seq_len + 1`` tokens; ``"first_fit"``;
+    ``"concat"``: documents end to end cut into windows of ``seq_len + 1`` tokens sharing one, as Megatron-LM and
+    TorchTitan's own text dataset build them, no padding).
     Keyword arguments as torchtitan passes them: ``dp_world_size``, ``dp_rank``, ``tokenizer`` (a
     torchtitan ``HuggingFaceTokenizer``, a ``tokenizers.Tokenizer`` or a tokenizer.json path),
     ``seq_len`` (tokens per row), ``local_batch_size`` (rows per rank per step; ``local_batch_size *
     dp_world_size`` is the global batch and must be a multiple of ``canonical_replicas``),
     ``snapshot_every_n_steps`` (accepted as in ``HuggingFaceTextDataLoader``; no effect, the state is exact
     at every step).
+    TorchTitan job configs that select this loader: ``zephon_torch.titan_config``.
     Raises ``TopologyError`` for a dp degree that neither divides ``canonical_replicas`` nor is a multiple of it,
     ``ValueError``
     for inconsistent sizes, ``CheckpointError`` from ``load_state_dict`` for another config."""
@@ -65,6 +68,7 @@ class ZephonTextDataLoader(_Base):
     @dataclass(kw_only=True, slots=True)
     class Config(_Base.Config):
         weights: list[float] = field(default_factory=list)
+        schedule: str | None = None
         text_field: str = "text"
         canonical_replicas: int = 8
         seed: int = 0
@@ -113,7 +117,7 @@ class ZephonTextDataLoader(_Base):
         # this rank's block of it. The micro-batch size is not in the checkpoint's config: dp may cross R.
         ops.append(Batch(global_batch // max(config.canonical_replicas, dp_world_size)))
         self.dataset = ZephonIterableDataset(
-            datasets, ops, dp_degree=dp_world_size, dp_rank=dp_rank, weights=config.weights or None,
+            datasets, ops, dp_degree=dp_world_size, dp_rank=dp_rank, weights=_weights(config, len(datasets)),
             seed=config.seed, canonical_replicas=config.canonical_replicas, chunk_size=config.chunk_size,
             global_batch_size=global_batch, exhaustion="repeat" if config.infinite else "stop")
         dl_kwargs = {"num_workers": config.num_workers, "pin_memory": config.pin_memory}
@@ -146,6 +150,21 @@ class ZephonTextDataLoader(_Base):
             raise CheckpointError(f"data loader state has no {STATE_KEY!r} (keys {sorted(state_dict)}): "
                                   f"not saved by ZephonTextDataLoader")
         self.dataloader.load_state_dict(decode_state(state_dict[STATE_KEY].to(torch.uint8).cpu().numpy().tobytes()))
+
+
+def _weights(config, num_datasets: int):
+    """The mixture: ``Config.schedule`` loaded (a ``Schedule``), else ``Config.weights`` or None (equal).
+    Raises ``ValueError`` when both are set or the schedule's dataset count differs from the inputs'."""
+    if not config.schedule:
+        return config.weights or None
+    if config.weights:
+        raise ValueError("ZephonTextDataLoader.Config: set schedule or weights, not both (a schedule replaces "
+                         "the weights)")
+    schedule = Schedule.load(config.schedule)
+    if schedule.num_datasets != num_datasets:
+        raise ValueError(f"{config.schedule}: a schedule of {schedule.num_datasets} datasets for {num_datasets} "
+                         f"inputs in dataset_path")
+    return schedule
 
 
 def _tokenizer(tokenizer):
