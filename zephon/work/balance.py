@@ -1,0 +1,86 @@
+"""The end of a finite pass split over the lanes by size, so that lanes end their pass together.
+
+Whole rounds give every lane the same number of samples, not the same number of tokens: short documents make
+one lane's pass end rows before another's, and every other lane pays padding rows (or drops its last rows) while
+it does. When the datasets know their samples' sizes before reading (``Dataset.sample_sizes``: JSONL line
+lengths), the last whole round and the rest of the pass are one region cut into one contiguous segment per lane,
+in lane order, each segment ending where the running total of the lanes' sizes (whole rounds included) is closest
+to its equal share. A pure function of the config and the data: the same for every dp degree. See
+docs/concepts.md ("finite passes").
+"""
+from __future__ import annotations
+
+import numpy as np
+
+#: Passes longer than this (positions) keep the count split: sizing every position costs O(pass) once, and a
+#: lane's end-of-pass padding is then a vanishing share of its rows.
+BALANCE_LIMIT = 1 << 24
+_BLOCK = 1 << 18  # positions resolved at once while summing sizes
+
+
+def size_table(datasets) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """Per dataset ``(flat sizes, shard offsets)``: sample ``i`` of shard ``s`` has ``flat[offsets[s] + i]``
+    bytes; None when one shard of one dataset does not know its sizes (then nothing is balanced)."""
+    out = []
+    for ds in datasets:
+        get = getattr(ds, "sample_sizes", None)
+        if get is None:
+            return None
+        parts = []
+        for s, n in enumerate(ds.shard_sizes):
+            sizes = get(s)
+            if sizes is None or len(sizes) != n:
+                return None
+            parts.append(np.asarray(sizes, dtype=np.int64))
+        offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+        out.append((np.concatenate(parts) if parts else np.zeros(0, np.int64), offsets))
+    return out
+
+
+def position_sizes(source, table, start: int, stop: int) -> np.ndarray:
+    """Bytes of the samples at global positions ``[start, stop)`` of ``source`` (int64, one per position)."""
+    out = np.empty(stop - start, dtype=np.int64)
+    for a in range(start, stop, _BLOCK):
+        b = min(stop, a + _BLOCK)
+        p = source.pointers(0, -1, np.arange(a, b, dtype=np.int64))
+        for d in np.unique(p.dataset_ids):
+            sel = p.dataset_ids == d
+            flat, offsets = table[int(d)]
+            out[a - start:b - start][sel] = flat[offsets[p.shard_ids[sel]] + p.sample_idx[sel]]
+    return out
+
+
+def balanced_bounds(source, full: int) -> tuple[int, int, np.ndarray] | None:
+    """``(full rounds kept, region start, bounds)`` of the size split, or None when sizes are unknown or the
+    pass is past ``BALANCE_LIMIT``. Lane ``l``'s segment of the region is positions ``[start + bounds[l],
+    start + bounds[l + 1])`` (``bounds`` has ``canonical_replicas + 1`` entries, from 0 to the region's length).
+
+    source: a finite ``WorkSource``. full: its whole rounds (chunks of every lane) before the last partial one.
+    Raises DataError when a dataset's shard cannot be opened to learn its sizes."""
+    C, S, total = source.canonical_replicas, source.chunk_size, source.total_positions
+    if total > BALANCE_LIMIT:
+        return None
+    if total < C:
+        return None  # fewer positions than lanes: refused elsewhere (checks.check_finite_lanes)
+    table = size_table(source.datasets)
+    if table is None:
+        return None
+    kept = max(0, full - 1)  # the last whole round joins the rest: room to even out what the others left
+    start = kept * C * S
+    lane_bytes = np.zeros(C, dtype=np.int64)
+    if start:
+        lanes = (np.arange(start, dtype=np.int64) // S) % C
+        lane_bytes = np.bincount(lanes, weights=position_sizes(source, table, 0, start), minlength=C)
+    sizes = position_sizes(source, table, start, total)
+    cum = np.concatenate([[0], np.cumsum(sizes)])
+    share = (lane_bytes.sum() + cum[-1]) / C
+    # where lane l's segment should end: the region bytes lanes 0..l need to reach their equal shares
+    targets = np.cumsum(share - lane_bytes)[:-1]
+    at = np.clip(np.searchsorted(cum, targets), 1, len(cum) - 1)
+    at -= ((targets - cum[at - 1]) < (cum[at] - targets)).astype(np.int64)  # the nearer of the two boundaries
+    n, lane = len(sizes), np.arange(1, C)
+    if kept:
+        bounds = np.maximum.accumulate(at)
+    else:  # a one-round pass: every lane keeps at least one position (bounds strictly increasing)
+        bounds = np.maximum.accumulate(np.clip(at, lane, n - C + lane) - lane) + lane
+    return kept, start, np.concatenate([[0], bounds, [n]]).astype(np.int64)
