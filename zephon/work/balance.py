@@ -84,3 +84,17 @@ def balanced_bounds(source, full: int) -> tuple[int, int, np.ndarray] | None:
     else:  # a one-round pass: every lane keeps at least one position (bounds strictly increasing)
         bounds = np.maximum.accumulate(np.clip(at, lane, n - C + lane) - lane) + lane
     return kept, start, np.concatenate([[0], bounds, [n]]).astype(np.int64)
+
+
+def tail_layout(source) -> tuple[int, int, np.ndarray]:
+    """``(full rounds, base, bounds)`` of a finite ``source`` (``WorkSource._tail``): by size with
+    ``split="size"`` and sizes known, else the rest after the whole rounds split evenly by count."""
+    C, S = source.canonical_replicas, source.chunk_size
+    full = source.total_positions // (C * S)
+    split = balanced_bounds(source, full) if source.split == "size" else None
+    if split is None:
+        base = full * C * S
+        q, r = divmod(source.total_positions - base, C)
+        lanes = np.arange(C + 1, dtype=np.int64)
+        split = full, base, lanes * q + np.minimum(lanes, r)
+    return split

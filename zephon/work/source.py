@@ -17,7 +17,7 @@ import warnings
 
 import numpy as np
 
-from .balance import balanced_bounds
+from .balance import tail_layout
 from .batching import check_method, composition
 from .mixture import Mixture, ScheduledMixture
 from .permute import IndexPermutation, derive_key
@@ -90,13 +90,19 @@ class WorkSource:
         epochs_per_pass: None, or one int >= 1 per dataset: dataset ``d``'s pass is ``epochs_per_pass[d]`` copies
             of it shuffled together (Energon's ``shuffle_over_epochs_multiplier``): over a pass each sample is
             drawn that many times, in any order. ``stop`` ends, and the mixture counts, such passes.
+        split: how a ``"stop"`` / ``"fill"`` pass's end goes to the lanes: ``"count"`` (equal numbers of samples)
+            or ``"size"`` (equal bytes, when the datasets know their samples' sizes: ``balance``; for packed
+            rows, whose count follows the tokens).
     Raises ``ValueError`` on an empty dataset list, a dataset with no samples, bad weights or options.
     """
 
     def __init__(self, datasets, weights=None, *, seed: int = 0, canonical_replicas: int = 1,
                  chunk_size: int = 1024, shuffle: bool = True, shuffle_block_size: int | None = None,
                  exhaustion: str = "repeat", fill_multiple: int = 1, step_size: int | None = None,
-                 batching: str = "random", epochs_per_pass=None):
+                 batching: str = "random", epochs_per_pass=None, split: str = "count"):
+        if split not in ("count", "size"):
+            raise ValueError(f"split must be 'count' or 'size', got {split!r}")
+        self.split = split if exhaustion in ("stop", "fill") else "count"
         weights = checked_weights(datasets, weights)
         check_options(seed, canonical_replicas, chunk_size, exhaustion, fill_multiple, shuffle_block_size)
         self.quota = checked_quota(weights) if exhaustion == "quota" else None
@@ -222,6 +228,7 @@ class WorkSource:
             **({"fill_multiple": self.fill_multiple} if self.exhaustion == "fill" else {}),
             **({"quota": self.quota} if self.quota is not None else {}),
             **({"epochs_per_pass": self.epochs_per_pass} if self.epochs_per_pass else {}),
+            **({"split": "size"} if self.split == "size" else {}),
             **({"weights": "schedule", "schedule": {**self.schedule.to_dict(), "positions_per_step": self.step_size}}
                if self.schedule is not None else {"weights": self.mixture.weights}),
             **({"batching": self.batching, "step_size": self.step_size} if self.batching != "random" else {}),
@@ -276,15 +283,7 @@ class WorkSource:
         else evenly by count (one chunk per lane, ``q + 1`` positions for lanes below ``r``, ``q`` for the
         others). Computed once."""
         if self._tail_layout is None:
-            C, S = self.canonical_replicas, self.chunk_size
-            full = self.total_positions // (C * S)
-            split = balanced_bounds(self, full) if self.exhaustion in ("stop", "fill") else None
-            if split is None:
-                base = full * C * S
-                q, r = divmod(self.total_positions - base, C)
-                lanes = np.arange(C + 1, dtype=np.int64)
-                split = full, base, lanes * q + np.minimum(lanes, r)
-            self._tail_layout = split
+            self._tail_layout = tail_layout(self)
         return self._tail_layout
 
     def num_chunks(self, lane: int) -> int | None:
