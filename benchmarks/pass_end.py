@@ -5,7 +5,9 @@ deterministically from a seed; ``tokenizer="bytes"`` so a document's tokens are 
 One pass (``exhaustion="stop"``), ``Pack(2048)``, ``Batch(1)`` per lane (one row per lane per step). With
 ``drop_last=False``: ``waste %`` = padded tokens of every delivered row (padding rows included) / delivered
 row tokens; with ``drop_last=True``: the rows dropped and the tokens they held. ``bound`` =
-ceil(tokens / 2048), the fewest rows any packer can use.
+ceil(tokens / 2048), the fewest rows any packer can use; ``step bound``: that rounded up to whole steps (a
+multiple of the lane count), the fewest rows any split can deliver without dropping. ``before``: the count split
+(ALGORITHM_VERSION 2, reproduced by switching the size split off); ``after``: the size split (work/balance.py).
 
     python -m benchmarks --only pass-end [--quick]
 
@@ -13,6 +15,7 @@ Prints a table; asserts nothing.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -43,14 +46,18 @@ def write_corpus(path: str, docs: int = DOCS, seed: int = 0) -> list[int]:
     return lengths.tolist()
 
 
-def one_pass(path: str, lanes: int, drop_last: bool) -> dict:
-    """One finite packed pass at ``lanes`` lanes: rows (real and padding), real tokens, dropped rows/tokens."""
+def one_pass(path: str, lanes: int, drop_last: bool, split: str = "size") -> dict:
+    """One finite packed pass at ``lanes`` lanes: rows (real and padding), real tokens, dropped rows/tokens.
+    split: ``"size"`` (now) or ``"count"`` (before: ALGORITHM_VERSION 2, the size split switched off)."""
+    from unittest import mock
+
     from zephon import Batch, Decode, Loader, Pack, Tokenize, open_dataset
 
     ops = [Decode(), Tokenize("bytes", eos_id="<eos>", max_length=MAX_LEN), Pack(MAX_LEN),
            Batch(1, drop_last=drop_last)]
     rows = pad_rows = tokens = 0
-    with Loader([open_dataset(path)], ops, canonical_replicas=lanes, exhaustion="stop", runner="inline") as L:
+    off = mock.patch("zephon.work.balance.balanced_bounds", lambda *a: None) if split == "count" else mock.MagicMock()
+    with off, Loader([open_dataset(path)], ops, canonical_replicas=lanes, exhaustion="stop", runner="inline") as L:
         for mb in L:
             pad_rows += mb.get("__pad__", 0)
             rows += len(mb["input_ids"])
@@ -69,24 +76,25 @@ def run(workdir: str, quick: bool, log=print) -> list[dict]:
     total = sum(lengths) + len(lengths)  # bytes + one EOS each
     bound = -(-total // MAX_LEN)
     out = []
-    for lanes in LANES:
-        for drop_last in (False, True):
-            r = one_pass(path, lanes, drop_last)
-            row = {"lanes": lanes, "drop_last": drop_last, "documents": docs, "tokens": total, "bound": bound,
-                   "rows": r["rows"], "padding rows": r["pad_rows"]}
-            if drop_last:
-                row["dropped rows"] = r["dropped_rows"]
-                row["dropped tokens %"] = round(100 * (1 - r["tokens"] / total), 3)
-            else:
-                row["waste %"] = round(100 * (1 - r["tokens"] / (r["rows"] * MAX_LEN)), 3)
-            log(row)
-            out.append(row)
+    for lanes, drop_last, split in itertools.product(LANES, (False, True), ("count", "size")):
+        r = one_pass(path, lanes, drop_last, split)
+        row = {"lanes": lanes, "drop_last": drop_last, "split": "before (count)" if split == "count" else
+               "after (size)", "documents": docs, "tokens": total, "bound": bound,
+               "step bound": lanes * -(-bound // lanes), "rows": r["rows"], "padding rows": r["pad_rows"]}
+        if drop_last:
+            row["dropped rows"] = r["dropped_rows"]
+            row["dropped tokens %"] = round(100 * (1 - r["tokens"] / total), 3)
+        else:
+            row["waste %"] = round(100 * (1 - r["tokens"] / (r["rows"] * MAX_LEN)), 3)
+        log(row)
+        out.append(row)
     return out
 
 
 def table(rows: list[dict]) -> str:
     """Markdown table of ``run``'s rows."""
-    cols = ["lanes", "drop_last", "rows", "bound", "padding rows", "waste %", "dropped rows", "dropped tokens %"]
+    cols = ["lanes", "drop_last", "split", "rows", "bound", "step bound", "padding rows",
+            "waste %", "dropped rows", "dropped tokens %"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(lines)
