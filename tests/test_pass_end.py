@@ -133,3 +133,26 @@ def test_size_split_delivers_every_sample_once_at_any_dp_and_resumes_exactly(ske
         tail, _ = _run(ds, dp, state=state)
         assert sorted(head + tail) == sorted(whole), f"saved at dp=2, resumed at dp={dp}"
         assert not set(head) & set(tail)
+
+
+def test_mds_sample_sizes_split_a_packed_pass_by_size(lognormal, tmp_path):
+    """An MDS dataset (written by streaming's MDSWriter) knows its samples' bytes from the shard headers (each
+    text's UTF-8 bytes plus the 4-byte size of its one variable-size column), and a packed pass over it ends its
+    8 lanes within a row, every token delivered."""
+    MDSWriter = pytest.importorskip("streaming").MDSWriter
+    from zephon import open_dataset
+
+    path, _ = lognormal
+    texts = [json.loads(line)["text"] for line in open(path, encoding="utf-8")][:6000]
+    tokens = sum(len(t.encode()) + 1 for t in texts)
+    out = tmp_path / "mds"
+    with MDSWriter(out=str(out), columns={"text": "str"}, size_limit=1 << 18) as w:
+        for t in texts:
+            w.write({"text": t})
+    ds = open_dataset(str(out))
+    assert len(ds.shard_sizes) > 1
+    sizes = np.concatenate([ds.sample_sizes(s) for s in range(len(ds.shard_sizes))])
+    assert sizes.tolist() == [len(t.encode()) + 4 for t in texts]
+    r = packed_pass(out, 8, drop_last=False)
+    assert r["tokens"] == tokens
+    assert r["pad"] < 8, f"{r['pad']} all-padding rows at the pass's end over 8 lanes"
