@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-#: Passes longer than this (positions) keep the count split: sizing every position costs O(pass) once, and a
-#: lane's end-of-pass padding is then a vanishing share of its rows.
+#: Passes (or datasets) longer than this (positions, samples) keep the count split: sizing every position costs
+#: O(pass) once, and a lane's end-of-pass padding is then a vanishing share of its rows.
 BALANCE_LIMIT = 1 << 24
 _BLOCK = 1 << 18  # positions resolved at once while summing sizes
 
@@ -58,7 +58,7 @@ def balanced_bounds(source, full: int) -> tuple[int, int, np.ndarray] | None:
     source: a finite ``WorkSource``. full: its whole rounds (chunks of every lane) before the last partial one.
     Raises DataError when a dataset's shard cannot be opened to learn its sizes."""
     C, S, total = source.canonical_replicas, source.chunk_size, source.total_positions
-    if total > BALANCE_LIMIT:
+    if max(total, sum(source.sizes)) > BALANCE_LIMIT:  # the sizes table holds every sample of every dataset
         return None
     if total < C:
         return None  # fewer positions than lanes: refused elsewhere (checks.check_finite_lanes)
