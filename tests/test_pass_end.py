@@ -156,3 +156,15 @@ def test_mds_sample_sizes_split_a_packed_pass_by_size(lognormal, tmp_path):
     r = packed_pass(out, 8, drop_last=False)
     assert r["tokens"] == tokens
     assert r["pad"] < 8, f"{r['pad']} all-padding rows at the pass's end over 8 lanes"
+
+
+def test_count_split_where_sizes_are_unknown_or_the_pass_is_long(skewed, monkeypatch):
+    """No Pack (``split="count"``), or a pass past ``BALANCE_LIMIT``: lanes hold 52 or 53 of the 420 samples."""
+    from zephon import open_dataset
+    from zephon.work import WorkSource, balance
+
+    ds = [open_dataset(str(skewed))]
+    kw = dict(canonical_replicas=8, chunk_size=8, exhaustion="stop")
+    assert sorted({WorkSource(ds, **kw).lane_positions(lane) for lane in range(8)}) == [52, 53]
+    monkeypatch.setattr(balance, "BALANCE_LIMIT", 419)
+    assert sorted({WorkSource(ds, split="size", **kw).lane_positions(lane) for lane in range(8)}) == [52, 53]
