@@ -3,9 +3,10 @@
 Whole rounds give every lane the same number of samples, not the same number of tokens: short documents make
 one lane's pass end rows before another's, and every other lane pays padding rows (or drops its last rows) while
 it does. When the datasets know their samples' sizes before reading (``Dataset.sample_sizes``: JSONL line
-lengths), the last whole round and the rest of the pass are one region cut into one contiguous segment per lane,
+lengths), the last whole rounds and the rest of the pass are one region cut into one contiguous segment per lane,
 in lane order, each segment ending where the running total of the lanes' sizes (whole rounds included) is closest
-to its equal share. A pure function of the config and the data: the same for every dp degree. See
+to its equal share. The region reaches back as many rounds as it takes for no lane to be above its share before
+it (at least the last whole round). A pure function of the config and the data: the same for every dp degree. See
 docs/concepts.md ("finite passes").
 """
 from __future__ import annotations
@@ -65,15 +66,16 @@ def balanced_bounds(source, full: int) -> tuple[int, int, np.ndarray] | None:
     table = size_table(source.datasets)
     if table is None:
         return None
-    kept = max(0, full - 1)  # the last whole round joins the rest: room to even out what the others left
+    sizes = position_sizes(source, table, 0, total)
+    share = sizes.sum() / C
+    # bytes of each lane after each whole round; kept: the most whole rounds (all but the last at most) that leave
+    # no lane above its equal share, so the rest can bring every lane up to it (a huge document reaches back)
+    rounds = np.cumsum(sizes[:full * C * S].reshape(full, C, S).sum(axis=2), axis=0)
+    kept = int(np.count_nonzero(rounds[:max(full - 1, 0)].max(axis=1, initial=0) <= share))
     start = kept * C * S
-    lane_bytes = np.zeros(C, dtype=np.int64)
-    if start:
-        lanes = (np.arange(start, dtype=np.int64) // S) % C
-        lane_bytes = np.bincount(lanes, weights=position_sizes(source, table, 0, start), minlength=C)
-    sizes = position_sizes(source, table, start, total)
+    lane_bytes = rounds[kept - 1] if kept else np.zeros(C)
+    sizes = sizes[start:]
     cum = np.concatenate([[0], np.cumsum(sizes)])
-    share = (lane_bytes.sum() + cum[-1]) / C
     # where lane l's segment should end: the region bytes lanes 0..l need to reach their equal shares
     targets = np.cumsum(share - lane_bytes)[:-1]
     at = np.clip(np.searchsorted(cum, targets), 1, len(cum) - 1)
