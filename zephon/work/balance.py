@@ -76,16 +76,17 @@ def balanced_bounds(source, full: int) -> tuple[int, int, np.ndarray] | None:
     lane_bytes = rounds[kept - 1] if kept else np.zeros(C)
     sizes = sizes[start:]
     cum = np.concatenate([[0], np.cumsum(sizes)])
-    # where lane l's segment should end: the region bytes lanes 0..l need to reach their equal shares
-    targets = np.cumsum(share - lane_bytes)[:-1]
-    at = np.clip(np.searchsorted(cum, targets), 1, len(cum) - 1)
-    at -= ((targets - cum[at - 1]) < (cum[at] - targets)).astype(np.int64)  # the nearer of the two boundaries
-    n, lane = len(sizes), np.arange(1, C)
-    if kept:
-        bounds = np.maximum.accumulate(at)
-    else:  # a one-round pass: every lane keeps at least one position (bounds strictly increasing)
-        bounds = np.maximum.accumulate(np.clip(at, lane, n - C + lane) - lane) + lane
-    return kept, start, np.concatenate([[0], bounds, [n]]).astype(np.int64)
+    bounds, at, n = [0], 0, len(sizes)
+    for lane in range(C - 1):  # each lane in turn: an equal share of what is left (a huge document's lane is
+        # over it, and the lanes after it share the rest evenly among themselves)
+        want = cum[at] + max((cum[n] - cum[at] + lane_bytes[lane:].sum()) / (C - lane) - lane_bytes[lane], 0)
+        k = int(np.clip(np.searchsorted(cum, want), at + 1, n)) if at < n else n
+        k -= k > at and want - cum[k - 1] < cum[k] - want  # the nearer of the two boundaries
+        if not kept:  # no whole round kept: every lane keeps at least one position of the region
+            k = min(max(k, at + 1), n - (C - 1 - lane))
+        bounds.append(k)
+        at = k
+    return kept, start, np.array(bounds + [n], dtype=np.int64)
 
 
 def tail_layout(source) -> tuple[int, int, np.ndarray]:
