@@ -168,3 +168,22 @@ def test_count_split_where_sizes_are_unknown_or_the_pass_is_long(skewed, monkeyp
     assert sorted({WorkSource(ds, **kw).lane_positions(lane) for lane in range(8)}) == [52, 53]
     monkeypatch.setattr(balance, "BALANCE_LIMIT", 419)
     assert sorted({WorkSource(ds, split="size", **kw).lane_positions(lane) for lane in range(8)}) == [52, 53]
+
+
+@pytest.mark.parametrize("exhaustion,chunk_size", [("stop", 8), ("stop", 16), ("fill", 8), ("stop", 64)])
+def test_size_split_covers_every_position_once(skewed, exhaustion, chunk_size):
+    """Every position of the pass (and of a ``fill`` pass's repeats) is in exactly one chunk of one lane, chunks
+    hold at most ``chunk_size`` positions, and every lane has some: at chunk sizes giving many rounds or one."""
+    from zephon import open_dataset
+    from zephon.work import WorkSource
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        src = WorkSource([open_dataset(str(skewed))], canonical_replicas=8, chunk_size=chunk_size,
+                         exhaustion=exhaustion, fill_multiple=64, split="size")
+    want = 420 if exhaustion == "stop" else 448  # 420 rounded up to a multiple of 64
+    chunks = [src.chunk(lane, c) for lane in range(8) for c in range(src.num_chunks(lane))]
+    assert all(0 < len(c) <= chunk_size for c in chunks)
+    assert sorted(p for c in chunks for p in c.positions.tolist()) == list(range(want))
+    assert all(src.lane_positions(lane) > 0 for lane in range(8))
+    assert len(src.chunk(0, src.num_chunks(0))) == 0
