@@ -75,6 +75,8 @@ SECTIONS = [
     Section("restore", None, "restore against cold start as the shuffle buffer grows "
             "(benchmarks/checkpoints/restore.py)", _simple("checkpoints.restore")),
     Section("packing", None, "padding of Zephon's and Grain's packers (benchmarks/packing.py)", _simple("packing")),
+    Section("pass-end", None, "waste at the end of a finite packed pass at 8/16/64 lanes, count split against "
+            "size split (benchmarks/pass_end.py)", _simple("pass_end")),
     Section("loss", None, "loss curves across rank counts, Zephon vs four peers (benchmarks/loss/)", _loss),
     Section("remote", None, "remote MDS on S3 (moto), cold and warm cache (benchmarks/remote.py)", _simple("remote")),
     Section("latency", None, "remote MDS and Energon through a 0/30/80 ms latency proxy, beside local disk and "

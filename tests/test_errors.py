@@ -236,15 +236,24 @@ def test_finite_pass_with_lanes_that_get_no_sample_is_refused(tmp_path):
 
 
 def test_finite_pass_gives_every_lane_its_share_whatever_the_chunk_size(corpus, tokenizer_path, caplog):
-    """900 samples in chunks of 256 over 8 lanes used to leave lanes 4-7 empty (whole chunks); the last round is
-    now split evenly: every lane holds 112 or 113 samples, and nothing warns of a lane-dependent drop."""
+    """900 samples in chunks of 256 over 8 lanes used to leave lanes 4-7 empty (whole chunks); the pass is now
+    split so every lane holds a share: packed, by size (ALGORITHM_VERSION 3): each lane's bytes (line lengths
+    read here) within one document of an eighth of the file, and nothing warns of a lane-dependent drop."""
     from helpers import make_loader
 
     with caplog.at_level("WARNING", logger="zephon"):
         L = make_loader([corpus["docs_jsonl"]], tokenizer_path, exhaustion="stop", chunk_size=256,
                         flush_every_k_chunks=1)
-    assert sorted({L.source.lane_positions(lane) for lane in range(8)}) == [112, 113]
+    ds = L.source.datasets[0]
+    lines = [[len(x) for x in open(ds.shards[s].path, "rb") if x.strip()] for s in range(len(ds.shards))]
+    lane_bytes = []
+    for lane in range(8):
+        chunks = [L.source.chunk(lane, c) for c in range(L.source.num_chunks(lane))]
+        lane_bytes.append(sum(lines[s][i] for c in chunks for s, i in zip(c.shard_ids, c.sample_idx)))
+    assert min(L.source.lane_positions(lane) for lane in range(8)) > 0
     assert sum(L.source.lane_positions(lane) for lane in range(8)) == 900
+    biggest = max(max(x) for x in lines)
+    assert max(abs(b - sum(map(sum, lines)) / 8) for b in lane_bytes) <= biggest, lane_bytes
     assert not any("dropped" in r.getMessage() for r in caplog.records)
 
 

@@ -45,7 +45,8 @@ def check_datasets(datasets) -> list:
 
 
 def check_finite_lanes(source) -> None:
-    """A finite pass splits its positions evenly over the lanes (to within one). With fewer positions than
+    """A finite pass splits its positions over the lanes evenly by count (to within one) or by size (at least one
+    each when the pass is shorter than a round: ``work.balance``). With fewer positions than
     lanes, some lanes get none: with drop_last not one step could complete, and without it a rank whose lanes
     are all empty would have no row to shape its padding on, at some dp degrees only. Refuse it at any dp."""
     total, r = source.total_positions, source.canonical_replicas

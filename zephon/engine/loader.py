@@ -97,7 +97,7 @@ class Loader:
     A new ``iter()`` continues where the previous one stopped (or from a ``restore``d state) and
     supersedes it (the older iterator raises ``RuntimeError`` if used again; so does one that was
     live during a ``restore``); after a finite stream (``exhaustion="stop"`` or ``"fill"``) ended it yields
-    nothing. A finite pass splits its samples evenly over the lanes (to within one); with ``Batch(drop_last=
+    nothing. A finite pass is split over the lanes evenly (packed: by size, ``work.balance``); with ``Batch(drop_last=
     False)`` its last step is padded (``ops.batch.padding_row``; ``__pad__`` counts a micro-batch's trailing
     padding rows) so every owned lane delivers the same steps (across ranks: ``zephon.host.RankSession``).
     Set ``global_batch_size`` explicitly when the micro-batch size may change between runs: its

@@ -87,7 +87,8 @@ class LoaderPlan:
         source = WorkSource(datasets, weights, seed=seed, canonical_replicas=canonical_replicas,
                             chunk_size=chunk_size, shuffle=shuffle, shuffle_block_size=shuffle_block_size,
                             exhaustion=exhaustion, fill_multiple=gbs, step_size=gbs, batching=batching,
-                            epochs_per_pass=epochs_per_pass)
+                            epochs_per_pass=epochs_per_pass,
+                            split="size" if any(op.name == "pack" for op in ops) else "count")  # rows follow tokens
         check_ops(ops, len(datasets))
         moving = [op.name for op in ops if op.stateful or op.name == "filter"
                   or (op.name == "tokenize" and op.max_length is not None)]

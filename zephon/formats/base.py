@@ -85,6 +85,16 @@ class Dataset:
         """Samples per shard, in shard order."""
         return [s.num_samples for s in self.shards]
 
+    def sample_sizes(self, shard_id: int):
+        """Bytes of each sample of shard ``shard_id`` (int64 array, length its ``num_samples``) as the format
+        knows them before reading a sample (JSONL line offsets), or None when it does not. A finite pass uses
+        them to split its last rounds over the lanes by size (``work.balance``).
+
+        shard_id: the shard. Raises DataError when the shard cannot be opened."""
+        reader = self._reader(shard_id)
+        sizes = getattr(reader, "sample_sizes", None)
+        return None if sizes is None else sizes()
+
     def read(self, shard_id: int, indices: Sequence[int]) -> list[dict]:
         """Records of shard ``shard_id`` at sample ``indices``, in the order given.
 

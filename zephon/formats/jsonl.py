@@ -110,6 +110,10 @@ class JsonlReader:
     def num_samples(self) -> int:
         return len(self.offsets) - 1
 
+    def sample_sizes(self) -> np.ndarray:
+        """Bytes of each line (its newline included), from the line index: no sample is read."""
+        return np.diff(self.offsets).astype(np.int64)
+
     def read(self, indices: Sequence[int], on_error: str = "raise") -> list[dict]:
         """Records for ``indices`` (already range-checked by the caller), in the given order.
 

@@ -3,9 +3,10 @@
 Pure and random-access: ``chunk(lane, chunk_id)`` is computed directly, so a checkpoint stores only
 chunk ids, never pointer lists. The global stream is the mixture of dataset passes; position ``t`` of
 it belongs to global chunk ``t // chunk_size``, and global chunk ``g`` belongs to lane
-``g % canonical_replicas`` as that lane's chunk ``g // canonical_replicas``. A finite stream's last
-round (fewer positions than ``canonical_replicas * chunk_size``) is split evenly instead: every lane's
-last chunk holds an equal share, to within one position, so no lane ends a pass far ahead of another.
+``g % canonical_replicas`` as that lane's chunk ``g // canonical_replicas``. A finite stream's end is split
+so that no lane ends a pass far ahead of another: when the datasets know their samples' sizes, its last whole
+round and the rest go to the lanes as contiguous segments of equal bytes (whole rounds counted; ``balance``),
+else the rest alone is split evenly by count (every lane's last chunk an equal share, to within one position).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import warnings
 
 import numpy as np
 
+from .balance import tail_layout
 from .batching import check_method, composition
 from .mixture import Mixture, ScheduledMixture
 from .permute import IndexPermutation, derive_key
@@ -88,13 +90,19 @@ class WorkSource:
         epochs_per_pass: None, or one int >= 1 per dataset: dataset ``d``'s pass is ``epochs_per_pass[d]`` copies
             of it shuffled together (Energon's ``shuffle_over_epochs_multiplier``): over a pass each sample is
             drawn that many times, in any order. ``stop`` ends, and the mixture counts, such passes.
+        split: how a ``"stop"`` / ``"fill"`` pass's end goes to the lanes: ``"count"`` (equal numbers of samples)
+            or ``"size"`` (equal bytes, when the datasets know their samples' sizes: ``balance``; for packed
+            rows, whose count follows the tokens).
     Raises ``ValueError`` on an empty dataset list, a dataset with no samples, bad weights or options.
     """
 
     def __init__(self, datasets, weights=None, *, seed: int = 0, canonical_replicas: int = 1,
                  chunk_size: int = 1024, shuffle: bool = True, shuffle_block_size: int | None = None,
                  exhaustion: str = "repeat", fill_multiple: int = 1, step_size: int | None = None,
-                 batching: str = "random", epochs_per_pass=None):
+                 batching: str = "random", epochs_per_pass=None, split: str = "count"):
+        if split not in ("count", "size"):
+            raise ValueError(f"split must be 'count' or 'size', got {split!r}")
+        self.split = split if exhaustion in ("stop", "fill") else "count"
         weights = checked_weights(datasets, weights)
         check_options(seed, canonical_replicas, chunk_size, exhaustion, fill_multiple, shuffle_block_size)
         self.quota = checked_quota(weights) if exhaustion == "quota" else None
@@ -135,6 +143,7 @@ class WorkSource:
             self._warn_partial_pass()
         self._pass_layout = lru_cache(maxsize=64)(self._pass_layout_uncached)
         self._shard_perm = lru_cache(maxsize=4096)(self._shard_perm_uncached)
+        self._tail_layout = None  # (full rounds, base, bounds) of a finite stream: _tail()
 
     # A per-instance cache is not picklable: rebuild it (host loaders ship sources to spawned workers).
     def __getstate__(self):
@@ -219,6 +228,7 @@ class WorkSource:
             **({"fill_multiple": self.fill_multiple} if self.exhaustion == "fill" else {}),
             **({"quota": self.quota} if self.quota is not None else {}),
             **({"epochs_per_pass": self.epochs_per_pass} if self.epochs_per_pass else {}),
+            **({"split": "size"} if self.split == "size" else {}),
             **({"weights": "schedule", "schedule": {**self.schedule.to_dict(), "positions_per_step": self.step_size}}
                if self.schedule is not None else {"weights": self.mixture.weights}),
             **({"batching": self.batching, "step_size": self.step_size} if self.batching != "random" else {}),
@@ -267,29 +277,29 @@ class WorkSource:
                       stacklevel=4)
 
     def _tail(self):
-        """``(full_rounds, base, q, r)`` of a finite stream: ``full_rounds`` rounds of whole chunks, then the
-        rest from position ``base`` split into one last chunk per lane, ``q + 1`` positions for lanes below
-        ``r`` and ``q`` for the others, in lane order."""
-        C, S = self.canonical_replicas, self.chunk_size
-        full = self.total_positions // (C * S)
-        base = full * C * S
-        q, r = divmod(self.total_positions - base, C)
-        return full, base, q, r
+        """``(full_rounds, base, bounds)`` of a finite stream: ``full_rounds`` rounds of whole chunks, then the
+        rest from position ``base``, lane ``l`` taking positions ``[base + bounds[l], base + bounds[l + 1])``
+        in chunks of ``chunk_size``. Split by size (``balance``) when the datasets know their samples' sizes,
+        else evenly by count (one chunk per lane, ``q + 1`` positions for lanes below ``r``, ``q`` for the
+        others). Computed once."""
+        if self._tail_layout is None:
+            self._tail_layout = tail_layout(self)
+        return self._tail_layout
 
     def num_chunks(self, lane: int) -> int | None:
         """Chunks lane ``lane`` will ever have (None for an endless stream)."""
         if self.total_positions is None:
             return None
-        full, _, q, r = self._tail()
-        return full + (q + (lane < r) > 0)
+        full, _, bounds = self._tail()
+        return full + -(-int(bounds[lane + 1] - bounds[lane]) // self.chunk_size)
 
     def lane_positions(self, lane: int) -> int | None:
         """Pointers lane ``lane`` gets in a finite stream (None for an endless one): its whole chunks and
-        its share of the last round (the lanes' counts differ by at most one)."""
+        its share of the last round(s)."""
         if self.total_positions is None:
             return None
-        full, _, q, r = self._tail()
-        return full * self.chunk_size + q + (lane < r)
+        full, _, bounds = self._tail()
+        return full * self.chunk_size + int(bounds[lane + 1] - bounds[lane])
 
     # -- random access ------------------------------------------------------------------------
     def chunk(self, lane: int, chunk_id: int) -> ChunkPointers:
@@ -301,10 +311,11 @@ class WorkSource:
         start = (chunk_id * self.canonical_replicas + lane) * self.chunk_size
         stop = start + self.chunk_size
         if self.total_positions is not None:
-            full, base, q, r = self._tail()
-            if chunk_id >= full:  # the evenly split last round, or past the end
-                start = base + lane * q + min(lane, r) if chunk_id == full else self.total_positions
-                stop = start + (q + (lane < r) if chunk_id == full else 0)
+            full, base, bounds = self._tail()
+            if chunk_id >= full:  # the lane's segment of the split last round(s), or past the end
+                end = base + int(bounds[lane + 1])
+                start = min(base + int(bounds[lane]) + (chunk_id - full) * self.chunk_size, end)
+                stop = min(start + self.chunk_size, end)
         return self.pointers(lane, chunk_id, np.arange(start, stop, dtype=np.int64))
 
     def pointers(self, lane: int, chunk_id: int, positions: np.ndarray) -> ChunkPointers:

@@ -56,6 +56,14 @@ class MdsDataset(Dataset):
         if self.remote is None:  # a remote shard's cached copy is checked by size (and hash) when fetched
             super()._check_unchanged(shard_id, info)
 
+    def sample_sizes(self, shard_id: int):
+        """Local raw shards: each sample's bytes from the shard header. A remote or compressed shard: None (knowing
+        them would mean fetching or decompressing every shard before the first batch)."""
+        meta = self.metas[shard_id]
+        if self.remote is not None or (meta.zip is not None and self.shards[shard_id].path == meta.zip_path):
+            return None
+        return super().sample_sizes(shard_id)
+
     def _make_reader(self, shard_id: int):
         info, meta = self.shards[shard_id], self.metas[shard_id]
 

@@ -1,0 +1,103 @@
+"""The end of a finite pass split over the lanes by size, so that lanes end their pass together.
+
+Whole rounds give every lane the same number of samples, not the same number of tokens: short documents make
+one lane's pass end rows before another's, and every other lane pays padding rows (or drops its last rows) while
+it does. When the datasets know their samples' sizes before reading (``Dataset.sample_sizes``: JSONL line
+lengths), the last whole rounds and the rest of the pass are one region cut into one contiguous segment per lane,
+in lane order, each segment ending where the running total of the lanes' sizes (whole rounds included) is closest
+to its equal share. The region reaches back as many rounds as it takes for no lane to be above its share before
+it (at least the last whole round). A pure function of the config and the data: the same for every dp degree. See
+docs/concepts.md ("finite passes").
+"""
+from __future__ import annotations
+
+import numpy as np
+
+#: Passes (or datasets) longer than this (positions, samples) keep the count split: sizing every position costs
+#: O(pass) once, and a lane's end-of-pass padding is then a vanishing share of its rows.
+BALANCE_LIMIT = 1 << 24
+_BLOCK = 1 << 18  # positions resolved at once while summing sizes
+
+
+def size_table(datasets) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """Per dataset ``(flat sizes, shard offsets)``: sample ``i`` of shard ``s`` has ``flat[offsets[s] + i]``
+    bytes; None when one shard of one dataset does not know its sizes (then nothing is balanced)."""
+    out = []
+    for ds in datasets:
+        get = getattr(ds, "sample_sizes", None)
+        if get is None:
+            return None
+        parts = []
+        for s, n in enumerate(ds.shard_sizes):
+            sizes = get(s)
+            if sizes is None or len(sizes) != n:
+                return None
+            parts.append(np.asarray(sizes, dtype=np.int64))
+        offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+        out.append((np.concatenate(parts) if parts else np.zeros(0, np.int64), offsets))
+    return out
+
+
+def position_sizes(source, table, start: int, stop: int) -> np.ndarray:
+    """Bytes of the samples at global positions ``[start, stop)`` of ``source`` (int64, one per position)."""
+    out = np.empty(stop - start, dtype=np.int64)
+    for a in range(start, stop, _BLOCK):
+        b = min(stop, a + _BLOCK)
+        p = source.pointers(0, -1, np.arange(a, b, dtype=np.int64))
+        for d in np.unique(p.dataset_ids):
+            sel = p.dataset_ids == d
+            flat, offsets = table[int(d)]
+            out[a - start:b - start][sel] = flat[offsets[p.shard_ids[sel]] + p.sample_idx[sel]]
+    return out
+
+
+def balanced_bounds(source, full: int) -> tuple[int, int, np.ndarray] | None:
+    """``(full rounds kept, region start, bounds)`` of the size split, or None when sizes are unknown or the
+    pass is past ``BALANCE_LIMIT``. Lane ``l``'s segment of the region is positions ``[start + bounds[l],
+    start + bounds[l + 1])`` (``bounds`` has ``canonical_replicas + 1`` entries, from 0 to the region's length).
+
+    source: a finite ``WorkSource``. full: its whole rounds (chunks of every lane) before the last partial one.
+    Raises DataError when a dataset's shard cannot be opened to learn its sizes."""
+    C, S, total = source.canonical_replicas, source.chunk_size, source.total_positions
+    if max(total, sum(source.sizes)) > BALANCE_LIMIT:  # the sizes table holds every sample of every dataset
+        return None
+    if total < C:
+        return None  # fewer positions than lanes: refused elsewhere (checks.check_finite_lanes)
+    table = size_table(source.datasets)
+    if table is None:
+        return None
+    sizes = position_sizes(source, table, 0, total)
+    share = sizes.sum() / C
+    # bytes of each lane after each whole round; kept: the most whole rounds (all but the last at most) that leave
+    # no lane above its equal share, so the rest can bring every lane up to it (a huge document reaches back)
+    rounds = np.cumsum(sizes[:full * C * S].reshape(full, C, S).sum(axis=2), axis=0)
+    kept = int(np.count_nonzero(rounds[:max(full - 1, 0)].max(axis=1, initial=0) <= share))
+    start = kept * C * S
+    lane_bytes = rounds[kept - 1] if kept else np.zeros(C)
+    sizes = sizes[start:]
+    cum = np.concatenate([[0], np.cumsum(sizes)])
+    bounds, at, n = [0], 0, len(sizes)
+    for lane in range(C - 1):  # each lane in turn: an equal share of what is left (a huge document's lane is
+        # over it, and the lanes after it share the rest evenly among themselves)
+        want = cum[at] + max((cum[n] - cum[at] + lane_bytes[lane:].sum()) / (C - lane) - lane_bytes[lane], 0)
+        k = int(np.clip(np.searchsorted(cum, want), at + 1, n)) if at < n else n
+        k -= k > at and want - cum[k - 1] < cum[k] - want  # the nearer of the two boundaries
+        if not kept:  # no whole round kept: every lane keeps at least one position of the region
+            k = min(max(k, at + 1), n - (C - 1 - lane))
+        bounds.append(k)
+        at = k
+    return kept, start, np.array(bounds + [n], dtype=np.int64)
+
+
+def tail_layout(source) -> tuple[int, int, np.ndarray]:
+    """``(full rounds, base, bounds)`` of a finite ``source`` (``WorkSource._tail``): by size with
+    ``split="size"`` and sizes known, else the rest after the whole rounds split evenly by count."""
+    C, S = source.canonical_replicas, source.chunk_size
+    full = source.total_positions // (C * S)
+    split = balanced_bounds(source, full) if source.split == "size" else None
+    if split is None:
+        base = full * C * S
+        q, r = divmod(source.total_positions - base, C)
+        lanes = np.arange(C + 1, dtype=np.int64)
+        split = full, base, lanes * q + np.minimum(lanes, r)
+    return split
