@@ -18,7 +18,8 @@ from .workers import worker_lanes
 from .states import decode_state, encode_state, state_capacity
 from .metrics import every, flatten, format_metrics, prometheus_text, serve_prometheus, to_tensorboard
 
-__all__ = ["RANK_FORMAT", "load_rank_states", "rank_entries_needed", "save_rank_state", "Channel", "CheckpointError", "Progress", "RankSession", "StepAgreement", "StepAssembly", "StepExchange",
+__all__ = ["RANK_FORMAT", "load_rank_states", "rank_entries_needed", "save_rank_state",
+           "Channel", "CheckpointError", "Progress", "RankSession", "StepAgreement", "StepAssembly", "StepExchange",
            "agreed_steps", "decode_state", "encode_state", "every", "exchange_steps", "explain", "flatten",
            "format_metrics", "gather_checkpoint", "initial_state", "merge_rank_states", "private_dir",
            "prometheus_text", "serve_prometheus", "skip_in_state", "state_capacity", "to_tensorboard", "worker_lanes",

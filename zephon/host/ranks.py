@@ -21,10 +21,12 @@ def rank_entries_needed(saved_dp: int, new_dp: int, new_rank: int, canonical_rep
 
     saved_dp: dp degree the entries were saved at. new_dp / new_rank: the restoring topology.
     canonical_replicas: lanes. saved_assignment / new_assignment: ``"contiguous"`` or ``"interleaved"``.
-    With one assignment on both sides this is at most ``ceil(saved_dp / new_dp) + 1`` ranks (exactly
-    ``saved_dp / new_dp`` when it divides); when ranks shared a lane at save time (``saved_dp`` a multiple of
-    ``canonical_replicas``) the first of them is read: sharing ranks save identical entries at a step boundary.
-    Arithmetic only, O(lanes per rank). Raises ``TopologyError`` naming the valid dp degrees (``check_topology``)
+    Contiguous on both sides: at most ``ceil(saved_dp / new_dp) + 1`` ranks (exactly ``saved_dp / new_dp``
+    when it divides); interleaved on both sides: the same when one dp divides the other, else up to one per lane
+    the new rank owns (lane ``l`` was on old rank ``l % saved_dp``). When ranks shared a lane at save time
+    (``saved_dp`` a multiple of ``canonical_replicas``) the first of them is read: sharing ranks save identical
+    entries at a step boundary. Arithmetic only, O(lanes per rank).
+    Raises ``TopologyError`` naming the valid dp degrees (``check_topology``)
     for a dp degree that neither divides ``canonical_replicas`` nor is a multiple of it."""
     check_topology(canonical_replicas, saved_dp)
     lanes = lanes_for_rank(canonical_replicas, new_dp, new_rank, new_assignment)
