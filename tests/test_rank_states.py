@@ -105,6 +105,27 @@ def test_1024_ranks_4096_lanes(corpus):
     assert max(out[512]["entries"]) == 2 and max(out[2048]["entries"]) == 1
 
 
+def test_restore_memory_does_not_grow_with_the_lane_count(corpus):
+    """A rank restoring 4 lanes from 2 entries: the same peak memory with 64 or 8,192 lanes in the job."""
+    import tracemalloc
+
+    peaks = []
+    for lanes in (64, 8192):
+        plan, dp = base_plan(corpus, lanes), lanes // 4
+        entries = {}
+        for r in (0, 1):  # only the two ranks the restoring rank 0 of dp / 2 needs
+            L = rank_loader(plan, dp, r)
+            run_rank(L, 1)
+            entries[r] = json.dumps(save_rank_state(L.checkpoint(), dp, r))
+            L.close()
+        tracemalloc.start()
+        state = load_rank_states(lambda r: json.loads(entries[r]), dp, dp // 2, 0, lanes)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert [e["lane"] for e in state["lanes"]] == list(range(8))
+    assert peaks[1] < peaks[0] + 8192, peaks  # O(lanes read), not O(canonical_replicas)
+
+
 def test_load_rank_states_reads_only_what_it_needs_and_names_bad_entries(corpus):
     plan = base_plan(corpus, 8)
     store, _ = save_all(plan, 4, 1)
