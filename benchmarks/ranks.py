@@ -17,6 +17,7 @@ import statistics
 import time
 import tracemalloc
 
+from benchmarks.common import markdown_table, save_panels
 from zephon.checkpoint import canonical_json
 from zephon.engine import Loader, LoaderPlan
 from zephon.formats import open_dataset
@@ -137,38 +138,28 @@ def scale_row(plan: LoaderPlan, dp: int, restore_dps, ckpt_step: int = 1, mem_sa
 
 def format_rows(rows) -> str:
     """The scale table in Markdown."""
-    head = ("| lanes | saved dp | restore dp | bytes written / rank (max) | entries read / rank (max) | bytes read / "
-            "rank (max) | first batch / rank (median, max ms) | peak Python memory / rank (KiB) |\n"
-            "|---:|---:|---:|---:|---:|---:|---:|---:|")
-    lines = [f"| {r['lanes']} | {r['saved_dp']} | {r['new_dp']} | {r['written_max']} | {r['entries_max']} | "
-             f"{r['read_max']} | {r['first_batch_median_ms']:.1f}, {r['first_batch_max_ms']:.1f} | "
-             f"{r['peak_kib_max']:.0f} |" for r in rows]
-    return "\n".join([head, *lines])
+    return markdown_table(
+        ["lanes", "saved dp", "restore dp", "bytes written / rank (max)", "entries read / rank (max)",
+         "bytes read / rank (max)", "first batch / rank (median, max ms)", "peak Python memory / rank (KiB)"],
+        [[str(r["lanes"]), str(r["saved_dp"]), str(r["new_dp"]), str(r["written_max"]), str(r["entries_max"]),
+          str(r["read_max"]), f"{r['first_batch_median_ms']:.1f}, {r['first_batch_max_ms']:.1f}",
+          f"{r['peak_kib_max']:.0f}"] for r in rows])
 
 
 def plot(rows, path: str) -> None:
-    """Bytes and time per rank against the saved rank count (matplotlib, Agg)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    """Bytes and time per rank against the saved rank count."""
+    bytes_, times = [], []
     for kind, marker in (("half", "o"), ("double", "s")):
         sel = [r for r in rows if (r["new_dp"] < r["saved_dp"]) == (kind == "half")]
         xs = [r["saved_dp"] for r in sel]
-        a.plot(xs, [r["written_max"] for r in sel], "k--", marker=".", label="written / rank" if kind == "half"
-               else None)
-        a.plot(xs, [r["read_max"] for r in sel], marker=marker, label=f"read / rank (restore at {kind} dp)")
-        b.plot(xs, [r["first_batch_median_ms"] for r in sel], marker=marker, label=f"restore at {kind} dp")
-    for ax, title in ((a, "checkpoint bytes per rank"), (b, "time to first batch per rank (median, ms)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("ranks saved (lanes = 4 x ranks)")
-        ax.set_title(title)
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+        if kind == "half":
+            bytes_.append((xs, [r["written_max"] for r in sel], dict(marker=".", ls="--", c="k", label="written")))
+        bytes_.append((xs, [r["read_max"] for r in sel], dict(marker=marker, label=f"read (restore at {kind} dp)")))
+        times.append((xs, [r["first_batch_median_ms"] for r in sel],
+                      dict(marker=marker, label=f"restore at {kind} dp")))
+    x = "ranks saved (lanes = 4 x ranks)"
+    save_panels(path, [("checkpoint bytes per rank", x, (("log", {"base": 2}), "linear"), bytes_),
+                       ("time to first batch per rank (median, ms)", x, (("log", {"base": 2}), "linear"), times)])
 
 
 def main(argv=None) -> int:

@@ -16,6 +16,7 @@ import tracemalloc
 
 import numpy as np
 
+from benchmarks.common import markdown_table, save_panels
 from zephon.work import WorkSource
 from zephon.work.lanes import lanes_for_rank
 
@@ -60,35 +61,23 @@ def grid(quick: bool):
 
 
 def format_rows(rows) -> str:
-    head = ("| shards | samples | stream | open (ms) | first chunks of a rank (ms) | peak Python memory (KiB) |\n"
-            "|---:|---:|---|---:|---:|---:|")
-    lines = [f"| {r['shards']:.0e} | {r['samples']:.0e} | {r['exhaustion']}"
-             f"{'' if r['block'] is None else ', blocks'} | {1000 * r['open_s']:.1f} | {1000 * r['first_s']:.1f} | "
-             f"{r['peak'] / 1024:.0f} |" for r in rows]
-    return "\n".join([head, *lines])
+    """The table in Markdown."""
+    return markdown_table(
+        ["shards", "samples", "stream<", "open (ms)", "first chunks of a rank (ms)", "peak Python memory (KiB)"],
+        [[f"{r['shards']:.0e}", f"{r['samples']:.0e}", r["exhaustion"] + ("" if r["block"] is None else ", blocks"),
+          f"{1000 * r['open_s']:.1f}", f"{1000 * r['first_s']:.1f}", f"{r['peak'] / 1024:.0f}"] for r in rows])
 
 
 def plot(rows, path: str) -> None:
     """Peak memory and time to the first chunks against the sample count, one line per shard count."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    mem, times = [], []
     for shards in sorted({r["shards"] for r in rows}):
         sel = [r for r in rows if r["shards"] == shards and r["exhaustion"] == "repeat" and r["block"] is None]
-        xs = [r["samples"] for r in sel]
-        a.plot(xs, [r["peak"] / 1024 for r in sel], marker="o", label=f"{shards:.0e} shards")
-        b.plot(xs, [1000 * r["first_s"] for r in sel], marker="o", label=f"{shards:.0e} shards")
-    for ax, title in ((a, "peak Python memory per rank (KiB)"), (b, "time to first chunks per rank (ms)")):
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("samples in the dataset")
-        ax.set_title(title)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+        xs, kw = [r["samples"] for r in sel], dict(marker="o", label=f"{shards:.0e} shards")
+        mem.append((xs, [r["peak"] / 1024 for r in sel], kw))
+        times.append((xs, [1000 * r["first_s"] for r in sel], kw))
+    save_panels(path, [("peak Python memory per rank (KiB)", "samples in the dataset", ("log", "log"), mem),
+                       ("time to first chunks per rank (ms)", "samples in the dataset", ("log", "log"), times)])
 
 
 def main(argv=None) -> int:
