@@ -1,9 +1,9 @@
 """What every host loader needs, once: a worker's lanes (its part of a rank's lanes), reassembly of lane micro-batches
 in the consuming process with the consumed-state record, end-of-stream agreement across ranks, the
-rank's initial, partial and merged checkpoints, whole rank steps from workers that each compute a share of
-the lanes (``exchange``) and a side channel from workers to the main process (``channel``). Adapters
-(``adapters/zephon_*``) translate host keywords, sample shapes and state shapes onto ``RankSession``; see
-docs/concepts.md.
+rank's initial, partial and merged checkpoints, per-rank entries restored selectively (``ranks``), whole
+rank steps from workers that each compute a share of the lanes (``exchange``) and a side channel from
+workers to the main process (``channel``). Adapters (``adapters/zephon_*``) translate host keywords, sample
+shapes and state shapes onto ``RankSession``; see docs/concepts.md.
 """
 from ..checkpoint import CheckpointError, gather_checkpoint, merge_rank_states, skip_in_state
 from ..engine.explain import explain
