@@ -99,7 +99,7 @@ def test_64_ranks_256_lanes_restore_at_32_and_128_and_16_ranks_at_128_sharing(co
     assert max(out[128]["entries"]) == 1 and max(out[32]["entries"]) == 2 and max(shared[128]["entries"]) == 1
 
 
-@pytest.mark.slow  # ~9 min on the loaded shared 2 cores: 1,024 + 512 + 2,048 + 8,192 simulated ranks
+@pytest.mark.slow  # 4-9 min on the loaded shared 2 cores: 1,024 + 512 + 2,048 + 8,192 simulated ranks
 def test_1024_ranks_4096_lanes(corpus):
     written, out = _check_scale(corpus, 4096, 1024, (512, 2048, 8192), 1000)
     assert max(out[512]["entries"]) == 2 and max(out[2048]["entries"]) == 1
