@@ -85,6 +85,11 @@ SECTIONS = [
             "(benchmarks/freethreaded.py)", _simple("freethreaded")),
     Section("transport", None, "worker transport: pickle against shared memory, and inline (benchmarks/transport.py)",
             _simple("transport")),
+    Section("ranks", None, "per-rank checkpoints of 64..1,024 simulated ranks restored at half and twice the count: "
+            "bytes, entries read, time to first batch, memory per rank (benchmarks/ranks.py)",
+            _own("ranks", ("workdir", "quick")), True),
+    Section("scale", None, "opening 10^3..10^6 shards and 10^6..10^10 samples (synthetic indexes): memory and time "
+            "to first batch per rank (benchmarks/scale.py)", _own("scale", ("quick",)), True),
     Section("curricula", None, "realised dataset shares under a curriculum schedule (benchmarks/curricula.py)",
             _own("curricula", ()), True),
     Section("titan", None, "loss curves through TorchTitan's own Trainer on CPU: checkpoint on 4 ranks, resume on 1 "

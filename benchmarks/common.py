@@ -236,3 +236,41 @@ def machine() -> dict:
             "nproc": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "cpu": cpu_model(),
             "mem_gib": mem_total_gib(), "os": platform.platform(), "code": code_version(),
             "load_before": os.getloadavg()[0], "versions": versions()}
+
+
+def save_panels(path: str, panels, figsize=(10, 3.6)) -> None:
+    """Save side-by-side line plots to ``path`` (matplotlib, Agg).
+
+    panels: ``[(title, xlabel, (xscale, yscale), [(xs, ys, plot keywords), ...]), ...]``, one per panel;
+    scales are matplotlib's (``"linear"``, ``"log"``, ``("log", 2)`` for base 2)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=figsize)
+    for ax, (title, xlabel, (xscale, yscale), series) in zip(axes, panels):
+        for xs, ys, kw in series:
+            ax.plot(xs, ys, **kw)
+        if isinstance(xscale, tuple):
+            ax.set_xscale(xscale[0], **xscale[1])
+        else:
+            ax.set_xscale(xscale)
+        if yscale == "linear":
+            ax.set_ylim(bottom=0)
+        else:
+            ax.set_yscale(yscale)
+        ax.set_xlabel(xlabel)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def markdown_table(columns, rows) -> str:
+    """A Markdown table. columns: header names, a trailing ``"<"`` left-aligns that column (else right-aligned);
+    rows: lists of cells (str)."""
+    names = [c.rstrip("<") for c in columns]
+    align = ["---" if c.endswith("<") else "---:" for c in columns]
+    lines = ["| " + " | ".join(names) + " |", "|" + "|".join(align) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])

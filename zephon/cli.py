@@ -121,12 +121,14 @@ def _print_verify(report, args, rows=None) -> int:
     print(format_table(report, rows))
     ref = report["reference"]
     print(f"\ncheckpoint at step {args.checkpoint_step} on dp={args.dp}: {report['checkpoint_bytes']:,} bytes of JSON "
-          f"for {args.canonical_replicas} lanes")
+          f"for {args.canonical_replicas} lanes merged; per rank, at most {report['rank_entry_bytes']:,} bytes (its "
+          f"own lanes)")
     for ph in report["resumes"]:
         cold = ph.cold.first_batch_s
         print(f"  {ph.name:<14} runner={ph.runner:<9} workers={ph.workers} micro_batch={ph.micro_batch}: "
               f"first global batch after restore {ph.first_batch_s:.2f}s, cold start on the same dp "
-              f"{cold:.2f}s (x{ph.first_batch_s / max(cold, 1e-9):.2f})")
+              f"{cold:.2f}s (x{ph.first_batch_s / max(cold, 1e-9):.2f}); each rank read at most "
+              f"{ph.entries_read} of the {args.dp} rank entries ({ph.bytes_read:,} bytes)")
     if report.get("metrics"):
         from .host.metrics import format_metrics
         print(f"\nreference run (dp=1), {format_metrics(report['metrics'])}")

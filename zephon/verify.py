@@ -10,9 +10,10 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from .checkpoint import merge_states
+from .checkpoint import canonical_json, merge_states
 from .checkpoint.skips import stream_step
 from .engine import GlobalBatchHasher, make_runner
+from .host import load_rank_states, save_rank_state
 
 
 @dataclass
@@ -29,6 +30,8 @@ class Phase:
     first_batch_s: float = 0.0
     seconds: float = 0.0
     cold: "Phase | None" = None  # for a resume: a fresh start with the same dp and runner
+    entries_read: int = 0  # a resume: the most rank entries one of its ranks read
+    bytes_read: int = 0  # ... and the most bytes
 
 
 class TextField:
@@ -61,15 +64,20 @@ class TextField:
 
 def run_phase(make_loader, phase: Phase, restore_from: dict | None = None, progress=None, skip=None) -> list:
     """Run ``phase`` with ``phase.dp`` loaders sharing one runner; hash every global step in
-    ``[start, stop)``. ``make_loader(dp, rank, micro_batch, runner) -> Loader``; ``skip``: steps ``(a, b)`` the
-    restore skips (``Loader.restore``'s ``skip_steps``). Returns the loaders
-    (so the caller can checkpoint them); closes the shared runner."""
+    ``[start, stop)``. ``make_loader(dp, rank, micro_batch, runner) -> Loader``. ``restore_from``: a merged
+    checkpoint, or ``(saved_dp, {old rank: entry JSON bytes})`` per-rank entries, each new rank reading only the
+    ones it needs (counted in ``phase.entries_read`` / ``bytes_read``). ``skip``: steps ``(a, b)`` the restore
+    skips (``Loader.restore``'s ``skip_steps``). Returns the loaders (so the caller can checkpoint them); closes
+    the shared runner."""
     t0 = time.perf_counter()
     stage = make_loader(1, 0, phase.micro_batch, "inline").plan.stage  # what the shared runner's workers run
     runner = make_runner(phase.runner, stage, phase.workers)
     try:
         loaders = [make_loader(phase.dp, r, phase.micro_batch, runner) for r in range(phase.dp)]
-        if restore_from is not None:
+        if isinstance(restore_from, tuple):
+            for L in loaders:
+                L.restore(_selective(restore_from, L, phase), skip_steps=skip)
+        elif restore_from is not None:
             for L in loaders:
                 L.restore(restore_from, skip_steps=skip)
         # a rank's rows per step: its lanes' rows, or its block of a lane it shares with other ranks (dp > lanes)
@@ -97,16 +105,31 @@ def run_phase(make_loader, phase: Phase, restore_from: dict | None = None, progr
         phase.seconds = time.perf_counter() - t0
 
 
+def _selective(saved, loader, phase: Phase) -> dict:
+    """``loader``'s state read from only the per-rank entries ``saved`` (``(saved_dp, {rank: bytes})``) it needs."""
+    saved_dp, entries = saved
+    read = []
+
+    def read_entry(old: int) -> dict:
+        read.append(len(entries[old]))
+        return json.loads(entries[old])
+
+    state = load_rank_states(read_entry, saved_dp, loader.dp_degree, loader.dp_rank, loader.canonical_replicas)
+    phase.entries_read, phase.bytes_read = max(phase.entries_read, len(read)), max(phase.bytes_read, sum(read))
+    return state
+
+
 def elastic_verify(make_loader, *, dp: int, resume_dps, checkpoint_step: int, steps: int,
                    runner: str = "threads", workers: int = 2, micro_batch: int = 1,
                    resume_runner: str | None = None, resume_workers: int | None = None,
                    resume_micro_batch: int | None = None, progress=None, skip=None) -> dict:
     """Reference (dp 1, steps ``[0, steps)``), a run on ``dp`` ranks to ``checkpoint_step``, then one
-    resume per entry of ``resume_dps`` to ``steps``. Returns a report dict: phases, per-step digests,
-    checkpoint (the merged global state, JSON-round-tripped), its size in bytes, ``mismatches``
-    (``[(phase, first differing step)]``) and ``metrics`` (the reference run's ``Loader.metrics()``). ``skip``:
-    ``(a, b)``, steps the resumes skip (``checkpoint_step <= a``): resumed step ``t`` must then hash as the
-    reference's ``checkpoint.skips.stream_step(t)``."""
+    resume per entry of ``resume_dps`` to ``steps``, each rank of a resume restoring from only the per-rank entries
+    (``zephon.host.save_rank_state``) that hold its lanes. Returns a report dict: phases, per-step digests,
+    checkpoint (the merged global state, JSON-round-tripped), its size in bytes, ``rank_entry_bytes`` (the
+    largest per-rank entry), ``mismatches`` (``[(phase, first differing step)]``) and ``metrics`` (the reference
+    run's ``Loader.metrics()``). ``skip``: ``(a, b)``, steps the resumes skip (``checkpoint_step <= a``): resumed
+    step ``t`` must then hash as the reference's ``checkpoint.skips.stream_step(t)``."""
     if not 0 < checkpoint_step < steps:
         raise ValueError(f"need 0 < checkpoint_step ({checkpoint_step}) < steps ({steps})")
     skips = [list(skip)] if skip else []
@@ -114,14 +137,16 @@ def elastic_verify(make_loader, *, dp: int, resume_dps, checkpoint_step: int, st
     ref_metrics = run_phase(make_loader, ref, progress=progress)[0].metrics()
     first = Phase(f"dp={dp}", dp, 0, checkpoint_step, runner, workers, micro_batch)
     loaders = run_phase(make_loader, first, progress=progress)
-    blob = json.dumps(merge_states([L.checkpoint() for L in loaders]))
+    states = [L.checkpoint() for L in loaders]
+    blob = json.dumps(merge_states(states))
     state = json.loads(blob)  # what a training job would write and read back
+    entries = {r: canonical_json(save_rank_state(s, dp, r)).encode() for r, s in enumerate(states)}
     resumes = []
     for rdp in resume_dps:
         ph = Phase(f"resume dp={rdp}", rdp, checkpoint_step, steps, resume_runner or runner,
                    resume_workers if resume_workers is not None else workers,
                    resume_micro_batch if resume_micro_batch is not None else micro_batch)
-        run_phase(make_loader, ph, restore_from=state, progress=progress, skip=skip)
+        run_phase(make_loader, ph, restore_from=(dp, entries), progress=progress, skip=skip)
         resumes.append(ph)
     for ph in resumes:  # the fair comparison: a fresh start on the same dp degree and runner
         ph.cold = Phase(f"cold start dp={ph.dp}", ph.dp, 0, 1, ph.runner, ph.workers, ph.micro_batch)
@@ -133,6 +158,7 @@ def elastic_verify(make_loader, *, dp: int, resume_dps, checkpoint_step: int, st
             mismatches.append((ph.name, bad[0]))
     return {"reference": ref, "checkpointed": first, "resumes": resumes, "skips": skips,
             "checkpoint": state, "checkpoint_bytes": len(blob.encode()), "mismatches": mismatches,
+            "rank_entry_bytes": max(len(b) for b in entries.values()),
             "metrics": ref_metrics}
 
 

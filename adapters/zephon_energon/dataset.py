@@ -137,8 +137,10 @@ def _lane_layout(zk: dict, worker_config, training: bool, total: int, batch_size
         if worker_config.world_size > R:  # a lane's step is one TaskEncoder batch: ranks cannot split it
             raise TopologyError(f"world_size={worker_config.world_size} is more than canonical_replicas={R} lanes: "
                                 f"zephon_energon gives each rank whole batches of batch_size={batch_size} from its "
-                                f"own lanes, so ranks cannot share a lane (zephon_torch and TorchTitan can); set "
-                                f"canonical_replicas (a Zephon keyword) to a multiple of every world size you use")
+                                f"own lanes, one TaskEncoder batch per lane step, so ranks cannot share a lane "
+                                f"(sharing would need two batches per lane step: another global batch, a config whose "
+                                f"checkpoints smaller world sizes refuse); set canonical_replicas (a Zephon keyword) "
+                                f"to a multiple of every world size you use")
         return R, chunk, assignment
     # Validation restarts every iteration: no lanes need to outlive a run. Energon splits the split into
     # world_size x num_workers near-equal slices (one per rank-worker); one lane per rank-worker, samples

@@ -161,14 +161,13 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
         R = gbs if num_canonical_nodes is None else num_canonical_nodes
         if not isinstance(R, int) or isinstance(R, bool) or R < 1:
             raise ValueError(f"num_canonical_nodes must be an int >= 1 or None, got {num_canonical_nodes!r}")
-        if R % self.dp_degree:
+        if R % self.dp_degree and self.dp_degree % R:
             raise TopologyError(f"num_canonical_nodes={R} lanes cannot be split evenly over {self.dp_degree} data-"
                                 f"parallel ranks (WORLD_SIZE={self.world_size}, replication={self.replication}); "
-                                f"choose num_canonical_nodes as a multiple of every world size you will run at"
-                                + (" (ranks sharing a lane, more ranks than lanes, works with zephon_torch and "
-                                   "TorchTitan, not with zephon_streaming: each rank's batch is whole lane steps)"
-                                   if self.dp_degree > R else ""))
-        per_rank = R // self.dp_degree
+                                f"choose num_canonical_nodes as a multiple of every world size you will run at, or "
+                                f"a divisor of it (ranks then share a lane, each taking its block of the lane's "
+                                f"step)")
+        per_rank = max(1, R // self.dp_degree)
         if self.batch_size % per_rank:
             raise ValueError(f"batch_size={self.batch_size} must be a multiple of the {per_rank} lanes each rank owns "
                              f"(num_canonical_nodes={R} / {self.dp_degree} ranks): every lane gives the same rows "
@@ -235,7 +234,9 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
             return self._plans[epoch]
         weights = self.weights.shifted(epoch * self._steps()) if isinstance(self.weights, Schedule) else \
             self._batch_weights if self.batching_method != "random" else self.weights
-        plan = LoaderPlan.build(self._datasets, self._ops() + [Batch(self.rows_per_lane_step, drop_last=True)],
+        # a lane's step is one micro-batch; ranks sharing a lane (more ranks than lanes) take one block of it each
+        micro = min(self.rows_per_lane_step, self.batch_size)
+        plan = LoaderPlan.build(self._datasets, self._ops() + [Batch(micro, drop_last=True)],
                                 weights=weights, seed=self._epoch_seed(epoch),
                                 canonical_replicas=self.num_canonical_nodes, chunk_size=self.chunk_size,
                                 global_batch_size=self.global_batch_size, shuffle=self.shuffle,

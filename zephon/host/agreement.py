@@ -4,7 +4,8 @@ A finite pass (``exhaustion="stop"``) with ``drop_last`` ends where the first la
 (hence ranks, and a rank's DataLoader workers) run out at different steps. A rank that stopped early
 would leave the others hanging in their next collective, and which samples are delivered would depend on
 the worker count. So each step is released only when every lane of the rank holds it complete and, under
-torch.distributed, every rank says the same (one ``all_reduce(MIN)`` per step on a gloo side group).
+torch.distributed, every rank says the same (one ``all_reduce(MIN)`` per step on the job's gloo group; a
+gloo side group only when the job runs NCCL alone).
 Without ``drop_last`` the pass's tail is delivered: each step is voted with ``all_reduce(MAX)`` and goes on
 while some rank holds a row of it; a rank (or a lane of it, when the rank's lanes are spread over host
 workers) that ran out gets padding micro-batches there (``padded_steps``), so every rank delivers the same
@@ -36,8 +37,8 @@ class StepAgreement:
             initialised process group only this process votes.
     ``agree(complete, any_rank=False) -> bool``: True when every rank's ``complete`` is True (with
     ``any_rank``: when some rank's is). A collective under torch.distributed: every rank calls it once per
-    step, in the same order (the side group is made on the first call, itself a collective over
-    ``group``'s ranks)."""
+    step, in the same order. The vote runs on ``group`` when it is a gloo group; only without gloo (NCCL) is a gloo
+    side group made, on the first call (itself a collective over ``group``'s ranks)."""
 
     def __init__(self, group=None):
         self.group = group
@@ -49,15 +50,24 @@ class StepAgreement:
             return complete
         import torch
 
-        if self._side is None:  # gloo: the vote moves on CPU whatever the main backend
-            if self.group is None:
-                self._side = dist.new_group(backend="gloo")
-            else:
-                self._side = dist.new_group(dist.get_process_group_ranks(self.group), backend="gloo",
-                                            use_local_synchronization=True)
+        if self._side is None:
+            self._side = _vote_group(dist, self.group)
         flag = torch.tensor([1 if complete else 0], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX if any_rank else dist.ReduceOp.MIN, group=self._side)
         return bool(flag.item())
+
+
+def _vote_group(dist, group):
+    """The group the per-step vote (a CPU int) runs on: ``group`` itself (None: the default group) when its backend
+    moves CPU tensors (gloo, or ``cpu:gloo`` of a mixed backend), so no process group is created for data state.
+    Otherwise (NCCL alone) a gloo group over the same ranks: NCCL reduces only device tensors, and a vote on the
+    GPU would make the loader pick a device and synchronise it every step."""
+    backend = str(dist.get_backend(group))
+    if backend == "gloo" or "cpu:gloo" in backend:
+        return group
+    if group is None:
+        return dist.new_group(backend="gloo")
+    return dist.new_group(dist.get_process_group_ranks(group), backend="gloo", use_local_synchronization=True)
 
 
 def agreed_steps(groups, delivered: dict, rows_per_lane_step: int, agreement: StepAgreement, on_drop,
