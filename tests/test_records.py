@@ -9,9 +9,11 @@ from zephon.formats import records
 from zephon.formats.records import PieceRef, Src, first_piece, piece_ref, src_of
 
 ROOT = Path(__file__).resolve().parents[1]
+# Python's own dunders, and names Energon itself defines (sample fields, metadataset keys)
 PYTHON_DUNDERS = {"__main__", "__mp_main__", "__name__", "__init__", "__class__", "__version__", "__func__", "__file__",
                   "__spec__", "__len__",
-                  "__subflavors__", "__dict__", "__module__", "__qualname__", "__doc__", "__all__"}
+                  "__subflavors__", "__sources__", "__function__", "__dict__", "__module__", "__qualname__", "__doc__",
+                  "__all__"}
 
 
 def test_every_reserved_key_in_code_is_declared():

@@ -22,6 +22,7 @@ SAMPLE_IDX = "__sample_idx__"    # Energon reader: the sample index in that shar
 PARTS = "__parts__"      # Energon: the sample's parts by extension, before its field map applies
 FIELDS = "__fields__"    # Energon: the dataset's field map (field name -> part extension)
 ENERGON_SKIP = "__energon_skip__"  # Energon adapter: dropped by SkipSample or a handled error (a Filter counts it)
+JOIN = "__join__"        # Energon join: a joined record's member records, primary first (None: no match)
 
 # --- keys of a micro-batch (the tail multiplexer -> hosts) ---
 LANE = "__lane__"        # the lane that produced the micro-batch

@@ -13,9 +13,9 @@ import numpy as np
 
 from ..base import Dataset, ShardInfo
 from ..errors import DataError
+from ..records import JOIN
 
 NONMATCH = ("error", "skip", "none")
-JOIN = "__join__"  # a joined record's member records, primary first (None where nonmatch="none" found none)
 
 
 def _key_map(ds) -> dict:
