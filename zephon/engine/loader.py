@@ -234,7 +234,8 @@ class Loader:
         skipped = [(lo * rps, hi * rps) for lo, hi in stream_ranges(self.plan.skips)]
         self._state = {lane: LanePipeline(lane, self.source, self.chain_ops, self.datasets, span=self.flush_span,
                                        unit_size=self.unit_size, start=entries.get(lane), ledger=ledger,
-                                       dry_limit=dry_limit, skipped=skipped) for lane in self.lanes}
+                                       dry_limit=dry_limit, skipped=skipped, first_unit=rps)
+                       for lane in self.lanes}
 
     def _new_ledger(self) -> SkipLedger:
         """Per-dataset skip accounting for one iteration (``stage.SkipLedger``)."""
@@ -326,7 +327,9 @@ class Loader:
             st.dispatch(runner)
             busy += 1
         i = self.lanes.index(priority)
-        ahead = 2 * self.rows_per_lane_step
+        # Steps, not units, in flight: the other lanes work toward the step being built until this iteration
+        # delivered one (so a start or a restore reads what its first step needs), then one step further.
+        ahead = (2 if self.tail.steps_done else 1) * self.rows_per_lane_step
         for lane in self.lanes[i + 1:] + self.lanes[:i]:
             s = lanes[lane]
             while busy < runner.capacity and s.can_dispatch() and s.expected_rows() < ahead:
