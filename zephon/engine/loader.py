@@ -320,7 +320,7 @@ class Loader:
         for s in lanes.values():
             s.release(block=False)
         st = lanes[priority]
-        if not st.pending and st.can_dispatch():
+        if not st.pending and st.can_dispatch() and st.expected_rows() < need:
             st.dispatch(runner)
         busy = sum(s.running() for s in lanes.values())
         while busy < runner.capacity and st.can_dispatch() and st.expected_rows() < need:
@@ -328,11 +328,13 @@ class Loader:
             busy += 1
         i = self.lanes.index(priority)
         # Steps, not units, in flight: the other lanes work toward the step being built until this iteration
-        # delivered one (so a start or a restore reads what its first step needs), then one step further.
-        ahead = (2 if self.tail.steps_done else 1) * self.rows_per_lane_step
+        # delivered one (so a start or a restore reads what its first step needs), then one step further
+        # (counted from the rows each lane delivered in this iteration, ``cursor[3]``).
+        done = self.tail.steps_done
+        through = (done + (2 if done else 1)) * self.rows_per_lane_step
         for lane in self.lanes[i + 1:] + self.lanes[:i]:
             s = lanes[lane]
-            while busy < runner.capacity and s.can_dispatch() and s.expected_rows() < ahead:
+            while busy < runner.capacity and s.can_dispatch() and s.expected_rows() < through - s.cursor[3]:
                 s.dispatch(runner)
                 busy += 1
             if busy >= runner.capacity:
