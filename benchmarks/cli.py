@@ -83,6 +83,8 @@ SECTIONS = [
             "(benchmarks/freethreaded.py)", _simple("freethreaded")),
     Section("transport", None, "worker transport: pickle against shared memory, and inline (benchmarks/transport.py)",
             _simple("transport")),
+    Section("first-batch", None, "documents read and seconds to the first global batch at 8/64/512 lanes, cold and "
+            "restored (benchmarks/first_batch.py)", _own("first_batch", ("workdir", "quick")), True),
     Section("curricula", None, "realised dataset shares under a curriculum schedule (benchmarks/curricula.py)",
             _own("curricula", ()), True),
 ]
@@ -119,7 +121,7 @@ def parse(argv):
     takers = [s.name for s in sections if s.own_options]
     if rest and len(takers) != 1:
         ap.error(f"options {rest} need exactly one section that takes its own options in --only "
-                 f"(throughput, checkpoint-cost or curricula); got {takers or 'none'}")
+                 f"(throughput, checkpoint-cost, first-batch or curricula); got {takers or 'none'}")
     return args, rest, sections
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from zephon.engine import Loader
 from zephon.formats import open_dataset
-from zephon.ops import Batch, Decode, Tokenize
+from zephon.ops import Batch, Decode, Pack, Tokenize
 
 from helpers import StepHasher, make_loader, run_steps
 
@@ -93,3 +93,35 @@ def test_after_a_restore_reads_what_the_next_step_and_the_replay_need(short_docs
         next(it)
     assert reads.n <= 2 * LANES * (3 * ROWS + ROWS), f"read {reads.n} documents before the first global batch"
     loader.close()
+
+
+def test_torch_dataloader_workers_read_what_the_first_global_batch_consumes(short_docs, tokenizer_path):
+    """zephon_torch with 2 DataLoader worker processes: each worker runs its lanes through the core, so the first
+    global batch (one DataLoader batch: every lane's ROWS rows) is read once, not a unit per lane; counted across the
+    worker processes in shared memory."""
+    import multiprocessing
+
+    import zephon_torch
+
+    ds = open_dataset(short_docs)
+    reads = multiprocessing.get_context("fork").Value("l", 0)
+    inner = ds.read
+
+    def read(shard, idx):  # runs in the forked workers
+        with reads.get_lock():
+            reads.value += len(idx)
+        return inner(shard, idx)
+    ds.read = read
+    # one open bin: a row is out as soon as the next document does not fit (what a row needs is what it holds + 1)
+    ops = [Decode("text"), Tokenize(tokenizer_path, eos_id="<eos>", max_length=64), Pack(64, max_open_bins=1),
+           Batch(ROWS)]
+    data = zephon_torch.ZephonIterableDataset([ds], ops, canonical_replicas=LANES, global_batch_size=LANES * ROWS,
+                                              chunk_size=64, runner="inline", worker_runner="inline", seed=0)
+    dl = zephon_torch.DataLoader(data, num_workers=2, multiprocessing_context="fork", prefetch_factor=1)
+    it = iter(dl)
+    mb = next(it)  # the rank's micro-batches of one (step, micro), all lanes: here the whole first global batch
+    assert len(mb["input_ids"]) == LANES * ROWS
+    docs = int(((mb["position_ids"] == 0) & (mb["attention_mask"] == 1)).sum())  # documents in its rows
+    seen = reads.value
+    del it, dl
+    assert seen <= 2 * (docs + LANES), f"the workers read {seen} documents before a first global batch of {docs}"

@@ -90,10 +90,11 @@ class LanePipeline:
         # Work sized to demand: the first unit is what one step may need (``first_unit``), each next one twice
         # the last, up to ``unit_size``; so a start or a restore reads about what its first step consumes, not a
         # whole unit per lane. How pointers are cut into units never changes the output.
-        self.next_unit = max(1, min(unit_size, first_unit or unit_size))
         self.chain = [(op, op.new_accumulator(lane) if op.stateful else None) for op in chain_ops]
         self.carriers = carrier_indexes(chain_ops)
         start = start or LaneCursor.fresh(lane)
+        # a restore first regenerates the rows of its span delivered before the checkpoint (``replay_cursor``)
+        self.next_unit = max(1, min(unit_size, (first_unit or unit_size) + start.replay_cursor))
         first = start.first_pointer(self.cs)  # lane-local pointer index
         if first % span:
             raise ValueError(f"lane {lane}: sentinel at pointer {first} is not a multiple of the flush span {span}")
