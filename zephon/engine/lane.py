@@ -151,11 +151,11 @@ class LanePipeline:
 
     def expected_rows(self) -> float:
         """Rows buffered plus those the pointers in flight should yield (from this lane's rows per pointer so
-        far: units differ in size; unknown until the first unit is released, so then one unit in flight counts
-        as enough)."""
-        if not self.units_released:
-            return float("inf") if self.inflight() else len(self.rows)
+        far: units differ in size; unknown until the lane produced a row, so then one unit in flight counts as
+        enough)."""
         inflight = sum(self.unit_pointers.values())
+        if not self.total_produced:  # no rate yet (an accumulator such as Pack may hold many records before its
+            return float("inf") if inflight else len(self.rows)  # first row): one unit at a time, each twice the last
         return len(self.rows) + inflight * self.total_produced / self.pointers_released
 
     def can_dispatch(self) -> bool:
