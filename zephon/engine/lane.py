@@ -87,13 +87,11 @@ class LanePipeline:
         self.span = span
         self.cs = source.chunk_size
         self.unit_size = unit_size
-        # Work sized to demand: the first unit is what one step may need (``first_unit``), each next one twice
-        # the last, up to ``unit_size``; so a start or a restore reads about what its first step consumes, not a
-        # whole unit per lane. How pointers are cut into units never changes the output.
         self.chain = [(op, op.new_accumulator(lane) if op.stateful else None) for op in chain_ops]
         self.carriers = carrier_indexes(chain_ops)
         start = start or LaneCursor.fresh(lane)
-        # a restore first regenerates the rows of its span delivered before the checkpoint (``replay_cursor``)
+        # Work sized to demand (never changes the output): the first unit is one step's rows (``first_unit``) plus
+        # those a restore regenerates (``replay_cursor``), each next one twice the last, up to ``unit_size``.
         self.next_unit = max(1, min(unit_size, (first_unit or unit_size) + start.replay_cursor))
         first = start.first_pointer(self.cs)  # lane-local pointer index
         if first % span:
@@ -130,7 +128,6 @@ class LanePipeline:
         self.seq_release = 0
         self.pending: dict[int, object] = {}  # seq -> Future | SENTINEL | END
         self.finished = False    # END released: no more rows will come
-        self.units_released = 0
         self.unit_pointers: dict[int, int] = {}  # seq -> pointers of a unit in flight
         self.pointers_released = 0  # for the rows-per-pointer estimate that paces dispatch
         self.total_produced = 0
@@ -233,7 +230,6 @@ class LanePipeline:
                     break
                 res = item.result()
                 self._absorb(res)
-                self.units_released += 1
                 self.pointers_released += self.unit_pointers.pop(self.seq_release)
             del self.pending[self.seq_release]
             self.seq_release += 1

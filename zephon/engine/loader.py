@@ -83,7 +83,8 @@ class Loader:
             Past it, ``DataError`` names the dataset, the fraction and the first errors. An endless stream
             also raises when a dataset gives no record from as many samples as it holds, or a lane no row
             from a whole pass of the data (every sample skipped or filtered): never a silent spin.
-        unit_size: pointers per unit of worker work (a performance knob only).
+        unit_size: the most pointers per unit of worker work (a performance knob only): a lane's first units are
+            one lane step's pointers, each next one twice the last, so a first batch reads what it needs.
         batching: which dataset each slot of a step draws from (``work.batching``): ``"random"`` (the mixture,
             default), ``"stratified"`` (each step holds every dataset's rounded share), ``"per_stream"`` (each
             step from one dataset), ``"device_per_stream"`` (each lane step from one dataset). Defined per
