@@ -125,3 +125,22 @@ def test_torch_dataloader_workers_read_what_the_first_global_batch_consumes(shor
     seen = reads.value
     del it, dl
     assert seen <= 2 * (docs + LANES), f"the workers read {seen} documents before a first global batch of {docs}"
+
+
+def test_step_assembly_streams_items_in_rank_order_before_groups_complete():
+    """Items of 3 lanes arriving interleaved as two workers would give them: ``stream`` hands out exactly the
+    (step, micro, lane) order (sorted here), and lane 0's item before lane 2 delivered its part of the group."""
+    from zephon.checkpoint import LaneCursor
+    from zephon.host.assembly import StepAssembly
+
+    asm = StepAssembly([0, 1, 2], [LaneCursor.fresh(lane) for lane in range(3)], 2, 1)
+    arrivals = [(0, 0, 0), (0, 0, 2), (0, 1, 0), (0, 1, 2), (0, 0, 1), (0, 1, 1), (1, 0, 0), (1, 0, 1), (1, 0, 2)]
+    out, first = [], None
+    for step, micro, lane in arrivals:
+        out += asm.stream(step, micro, lane, (step, micro, lane))
+        if first is None and out:
+            first = len(out)
+    for group in asm.finish():
+        out += group
+    assert out == sorted(arrivals)
+    assert first == 1  # lane 0's item came out on arrival
