@@ -90,6 +90,8 @@ SECTIONS = [
             _own("ranks", ("workdir", "quick")), True),
     Section("scale", None, "opening 10^3..10^6 shards and 10^6..10^10 samples (synthetic indexes): memory and time "
             "to first batch per rank (benchmarks/scale.py)", _own("scale", ("quick",)), True),
+    Section("first-batch", None, "documents read and seconds to the first global batch at 8/64/512 lanes, cold and "
+            "restored (benchmarks/first_batch.py)", _own("first_batch", ("workdir", "quick")), True),
     Section("curricula", None, "realised dataset shares under a curriculum schedule (benchmarks/curricula.py)",
             _own("curricula", ()), True),
     Section("titan", None, "loss curves through TorchTitan's own Trainer on CPU: checkpoint on 4 ranks, resume on 1 "
@@ -129,7 +131,7 @@ def parse(argv):
     takers = [s.name for s in sections if s.own_options]
     if rest and len(takers) != 1:
         ap.error(f"options {rest} need exactly one section that takes its own options in --only "
-                 f"(throughput, checkpoint-cost or curricula); got {takers or 'none'}")
+                 f"(throughput, checkpoint-cost, first-batch or curricula); got {takers or 'none'}")
     return args, rest, sections
 
 

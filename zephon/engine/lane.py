@@ -82,7 +82,7 @@ class LanePipeline:
 
     def __init__(self, lane: int, source, chain_ops, datasets, *, span: int, unit_size: int,
                  start: LaneCursor | None = None, ledger=None, dry_limit: int | None = None, skipped=(),
-                 metrics=None):
+                 metrics=None, first_unit: int | None = None):
         self.lane = lane
         self.source = source
         self.datasets = datasets
@@ -92,6 +92,9 @@ class LanePipeline:
         self.chain = [(op, op.new_accumulator(lane) if op.stateful else None) for op in chain_ops]
         self.carriers = carrier_indexes(chain_ops)
         start = start or LaneCursor.fresh(lane)
+        # Work sized to demand (never changes the output): the first unit is one step's rows (``first_unit``) plus
+        # those a restore regenerates (``replay_cursor``), each next one twice the last, up to ``unit_size``.
+        self.next_unit = max(1, min(unit_size, (first_unit or unit_size) + start.replay_cursor))
         first = start.first_pointer(self.cs)  # lane-local pointer index
         if first % span:
             raise ValueError(f"lane {lane}: sentinel at pointer {first} is not a multiple of the flush span {span}")
@@ -127,7 +130,8 @@ class LanePipeline:
         self.seq_release = 0
         self.pending: dict[int, object] = {}  # seq -> Future | SENTINEL | END
         self.finished = False    # END released: no more rows will come
-        self.units_released = 0  # for the rows-per-unit estimate that paces dispatch
+        self.unit_pointers: dict[int, int] = {}  # seq -> pointers of a unit in flight
+        self.pointers_released = 0  # for the rows-per-pointer estimate that paces dispatch
         self.total_produced = 0
         # stats
         self.skipped = 0
@@ -145,12 +149,13 @@ class LanePipeline:
         return sum(1 for p in self.pending.values() if p not in (SENTINEL, END) and not p.done())
 
     def expected_rows(self) -> float:
-        """Rows buffered plus those the units in flight should yield (from this lane's rows per unit so
-        far; unknown until the first unit is released, so then one unit in flight counts as enough)."""
-        inflight = self.inflight()
-        if not self.units_released:
-            return float("inf") if inflight else len(self.rows)
-        return len(self.rows) + inflight * self.total_produced / self.units_released
+        """Rows buffered plus those the pointers in flight should yield (from this lane's rows per pointer so
+        far: units differ in size; unknown until the lane produced a row, so then one unit in flight counts as
+        enough)."""
+        inflight = sum(self.unit_pointers.values())
+        if not self.total_produced:  # no rate yet (an accumulator such as Pack may hold many records before its
+            return float("inf") if inflight else len(self.rows)  # first row): one unit at a time, each twice the last
+        return len(self.rows) + inflight * self.total_produced / self.pointers_released
 
     def can_dispatch(self) -> bool:
         return not self.source_done
@@ -172,10 +177,12 @@ class LanePipeline:
             self.cur_offset, self.start_offset = self.start_offset, 0
         pos = self.next_chunk * self.cs + self.cur_offset  # lane-local index of the next pointer
         boundary = (pos // self.span + 1) * self.span       # next flush sentinel
-        stop = max(self.cur_offset, min(len(self.cur), self.cur_offset + self.unit_size,
+        stop = max(self.cur_offset, min(len(self.cur), self.cur_offset + self.next_unit,
                                         self.cur_offset + boundary - pos))
         if stop > self.cur_offset:
+            self.unit_pointers[self.seq_dispatch] = stop - self.cur_offset
             self._enqueue(runner.submit(self.cur.slice(self.cur_offset, stop)))
+            self.next_unit = min(self.unit_size, 2 * self.next_unit)
         self.cur_offset = stop
         if self.next_chunk * self.cs + stop == boundary:
             self._enqueue(SENTINEL)
@@ -225,7 +232,7 @@ class LanePipeline:
                     break
                 res = item.result()
                 self._absorb(res)
-                self.units_released += 1
+                self.pointers_released += self.unit_pointers.pop(self.seq_release)
             del self.pending[self.seq_release]
             self.seq_release += 1
             released = True
@@ -240,6 +247,7 @@ class LanePipeline:
                 if item is END:
                     self.finished = True
                     self.pending.clear()
+                    self.unit_pointers.clear()
                     break
         return released
 

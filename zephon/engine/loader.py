@@ -85,7 +85,8 @@ class Loader:
             Past it, ``DataError`` names the dataset, the fraction and the first errors. An endless stream
             also raises when a dataset gives no record from as many samples as it holds, or a lane no row
             from a whole pass of the data (every sample skipped or filtered): never a silent spin.
-        unit_size: pointers per unit of worker work (a performance knob only).
+        unit_size: the most pointers per unit of worker work (a performance knob only): a lane's first units are
+            one lane step's pointers, each next one twice the last, so a first batch reads what it needs.
         batching: which dataset each slot of a step draws from (``work.batching``): ``"random"`` (the mixture,
             default), ``"stratified"`` (each step holds every dataset's rounded share), ``"per_stream"`` (each
             step from one dataset), ``"device_per_stream"`` (each lane step from one dataset). Defined per
@@ -244,7 +245,8 @@ class Loader:
         self._skips = (self._skips[0] + sum(s.skipped for s in old), self._skips[1] + sum(s.filtered for s in old))
         self._state = {lane: LanePipeline(lane, self.source, self.chain_ops, self.datasets, span=self.flush_span,
                                        unit_size=self.unit_size, start=entries.get(lane), ledger=ledger,
-                                       dry_limit=dry_limit, skipped=skipped, metrics=self._metrics)
+                                       dry_limit=dry_limit, skipped=skipped, metrics=self._metrics,
+                                       first_unit=rps)
                        for lane in self.lanes}
 
     def _new_ledger(self) -> SkipLedger:
@@ -335,17 +337,21 @@ class Loader:
         for s in lanes.values():
             s.release(block=False)
         st = lanes[priority]
-        if not st.pending and st.can_dispatch():
+        if not st.pending and st.can_dispatch() and st.expected_rows() < need:
             st.dispatch(runner)
         busy = sum(s.running() for s in lanes.values())
         while busy < runner.capacity and st.can_dispatch() and st.expected_rows() < need:
             st.dispatch(runner)
             busy += 1
         i = self.lanes.index(priority)
-        ahead = 2 * self.rows_per_lane_step
+        # Steps, not units, in flight: the other lanes work toward the step being built until this iteration
+        # delivered one (so a start or a restore reads what its first step needs), then one step further
+        # (counted from the rows each lane delivered in this iteration, ``cursor[3]``).
+        done = self.tail.steps_done
+        through = (done + (2 if done else 1)) * self.rows_per_lane_step
         for lane in self.lanes[i + 1:] + self.lanes[:i]:
             s = lanes[lane]
-            while busy < runner.capacity and s.can_dispatch() and s.expected_rows() < ahead:
+            while busy < runner.capacity and s.can_dispatch() and s.expected_rows() < through - s.cursor[3]:
                 s.dispatch(runner)
                 busy += 1
             if busy >= runner.capacity:

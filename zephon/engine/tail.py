@@ -31,6 +31,7 @@ class Tail:
         self.template = None  # a delivered row: the shape of padding rows
         self.dropped_rows = 0
         self.padded_rows = 0
+        self.steps_done = 0  # whole steps yielded by the current iteration (how far the lanes may work ahead)
 
     # -- delivery -------------------------------------------------------------------------------
     def commit(self) -> None:
@@ -52,6 +53,7 @@ class Tail:
         (a newer ``iter()`` or ``restore()`` makes this one raise ``RuntimeError``)."""
         plan = self.loader.plan
         pad = plan.finite and not plan.batch.drop_last and plan.pad_tail  # every lane fills every step
+        self.steps_done = 0
         while True:
             chosen = self._next_step(pad)
             if chosen is None:
@@ -60,6 +62,7 @@ class Tail:
             for j in range(plan.rows_per_lane_step // plan.micro_batch_size):
                 for lane in ready:
                     yield from self._micro_batch(lane, step, j, offset[lane], pad, generation)
+            self.steps_done += 1
 
     def _next_step(self, pad: bool):
         """``(step, ready lanes, {lane: rows of the step already delivered})`` of the next step, or None when
@@ -82,6 +85,9 @@ class Tail:
             if cursors[lane].step(rps) != step:
                 continue
             offset[lane] = cursors[lane].in_step(rps)  # non-zero only after a mid-step checkpoint
+            if not L.plan.finite:  # an endless lane never ends: its rows are worked for as its micro-batch comes
+                ready.append(lane)
+                continue
             L.ensure(lane, rps - offset[lane])
             if len(st.rows) >= rps - offset[lane] or pad or (st.rows and not drop_last):
                 ready.append(lane)
@@ -115,6 +121,7 @@ class Tail:
         # mark it handed (a plain store, nothing in between that can raise) and commit it when the consumer
         # asks for more (or checkpoint()/iter()/restore() does).
         st = L.lane(lane)
+        L.ensure(lane, (j + 1) * m - start)  # only this micro-batch's rows: the first one comes without the step's
         rows = st.peek((j + 1) * m - start)
         if rows and self.template is None:
             self.template = rows[0]

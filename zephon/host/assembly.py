@@ -27,18 +27,44 @@ class StepAssembly:
         self.next_pos = {c.lane: c.position(rows_per_lane_step, micro_batch_size) for c in cursors}
         self.open: dict[tuple, list] = {}
         self.done: dict[tuple, dict] = {}
+        self.streamed: dict[tuple, int] = {}  # (step, micro) -> lanes (in order) whose items ``stream`` released
 
     def add(self, step: int, micro: int, lane: int, item, last: bool = True) -> list[list]:
+        self._file(step, micro, lane, item, last)
+        return self._release(final=False)
+
+    def _file(self, step: int, micro: int, lane: int, item, last: bool) -> None:
         key = (step, micro)
         self.open.setdefault((key, lane), []).append(item)
         if last:
             self.done.setdefault(key, {})[lane] = self.open.pop((key, lane))
             # This lane's next item is later than (step, micro); (step, rows/m) sorts before (step + 1, 0).
             self.next_pos[lane] = (step, micro + 1)
-        return self._release(final=False)
 
     def finish(self) -> list[list]:
         return self._release(final=True)
+
+    def stream(self, step: int, micro: int, lane: int, item, last: bool = True) -> list:
+        """``add``, but returns the single items now in order (a lane's part of a group as soon as every lane
+        before it in the group has delivered; an endless stream's first item need not wait for the whole group).
+        Use either ``add``/``finish`` or ``stream`` on one assembly."""
+        self._file(step, micro, lane, item, last)
+        out = []
+        while self.done:
+            key = min(self.done)
+            got, k = self.done[key], self.streamed.get(key, 0)
+            while k < len(self.lanes):
+                lane_k = self.lanes[k]
+                if lane_k in got:
+                    out += got.pop(lane_k)
+                elif self.next_pos[lane_k] <= key:  # this lane still owes the group an item: wait for it
+                    break
+                k += 1
+            self.streamed[key] = k
+            if k < len(self.lanes):
+                break
+            del self.done[key], self.streamed[key]
+        return out
 
     def _release(self, final: bool) -> list[list]:
         out = []

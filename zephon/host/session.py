@@ -144,10 +144,11 @@ class RankSession:
         """Before the host starts its workers: they continue from what was consumed."""
         self._start = self.progress.checkpoint()
 
-    def groups(self, items):
+    def groups(self, items, stream: bool = False):
         """Workers' ``items`` (any interleaving) -> lists of ``(meta, payload)``, one per (step,
         micro-batch), in lane order; a finite pass ends on the step every lane and rank completes. Records
-        nothing (see ``consumed``)."""
+        nothing (see ``consumed``). ``stream`` (an endless stream only): lists of the items now in order instead,
+        so the first item does not wait for its whole group."""
         L = self.plan
         start = self.progress.cursors()
         asm = StepAssembly(L.rank_lanes, start, L.rows_per_lane_step, L.batch.micro_batch_size)
@@ -159,10 +160,16 @@ class RankSession:
                     continue
                 if self._template is None and isinstance(payload, dict) and not meta.get("skip"):
                     self._template = payload
-                yield from asm.add(meta["step"], meta["micro"], meta["lane"], (meta, payload), last=meta["last"])
+                args = meta["step"], meta["micro"], meta["lane"], (meta, payload)
+                if stream:
+                    yield asm.stream(*args, last=meta["last"])
+                else:
+                    yield from asm.add(*args, last=meta["last"])
             yield from asm.finish()
 
         finite = L.finite and self._agree_end
+        if stream and finite:
+            raise ValueError("groups(stream=True) needs an endless stream (a finite pass ends on agreed steps)")
         dist = _dist()
         if finite and not L.batch.drop_last and L.pad_tail:
             if self._agreement is None:
@@ -232,7 +239,8 @@ class RankSession:
         ``build``), each recorded as consumed once it is handed out; items that only carry a state (``skip``)
         are recorded and not handed out."""
         P = self.progress
-        for group in self.groups(items):
+        # an endless stream hands each item out as soon as it is in order: the first one needs one lane's work
+        for group in self.groups(items, stream=not (self.plan.finite and self._agree_end)):
             for item in group:
                 if item[0].get("skip"):
                     self.consumed([item])
