@@ -83,3 +83,15 @@ def test_verify_examples_name_their_tokenizer(block):
     a demo built with --workdir) would silently tokenize with something else."""
     for cmd in re.findall(r"zephon verify (?:.*\\\n)*.*", block[3]):
         assert "--tokenizer" in cmd, f"{block[0]} line {block[1]}: {cmd}"
+
+
+def test_zephon_demo_runs_its_whole_job_on_a_small_corpus(demo_home, tmp_path):
+    """``zephon demo`` (the README's first command ends with it) runs throughput and the elastic resume table to
+    "OK" on the cached small corpus; every flag the demo shares with ``verify`` must exist on the demo too."""
+    out = subprocess.run([str(demo_home / ".venv" / "bin" / "zephon"), "demo", "--seconds", "0.5",
+                          "--canonical-replicas", "8", "--dp", "2", "--resume-dp", "4", "--checkpoint-step", "2",
+                          "--steps", "4", "--max-length", "128"],
+                         env={**os.environ, "HOME": str(demo_home), "PYTHONPATH": os.pathsep.join(sys.path)},
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "Elastic resume" in out.stdout and "OK" in out.stdout, out.stdout[-2000:]

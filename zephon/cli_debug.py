@@ -20,9 +20,9 @@ def _steps(text: str) -> range:
 
 
 def verify_skip(args):
-    """``zephon verify --skip A:B`` as ``(A, B)`` (None without it). Raises ``ValueError`` unless
-    ``--checkpoint-step <= A < B``."""
-    if not args.skip:
+    """``zephon verify --skip A:B`` as ``(A, B)`` (None without it, and for ``zephon demo``, which has no
+    ``--skip``). Raises ``ValueError`` unless ``--checkpoint-step <= A < B``."""
+    if not getattr(args, "skip", None):
         return None
     r = _steps(args.skip)
     if r.start < args.checkpoint_step:
