@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchdata")
 
 from helpers import reference_digests  # noqa: E402
-from torch_jobs import loader_job, small_corpus, spawn, titan_job, uneven_tail_job  # noqa: E402
+from torch_jobs import R, loader_job, small_corpus, spawn, titan_job, uneven_tail_job  # noqa: E402
 
 STEPS, K = 7, 3
 
@@ -87,19 +87,33 @@ def test_finite_pass_without_drop_last_gives_every_rank_the_same_steps(tmp_path)
 
 @pytest.mark.contract("torchtitan.dcp_resume")
 def test_torchtitan_loop_dcp_resume(corpus, tokenizer_path, tmp_path):
-    """Uninterrupted dp=2 run vs. dp=2 checkpointed at step 3 (DCP: model + optimizer + data loader) and
-    resumed at dp=2 (identical losses, exactly) and at dp=1 and dp=4 (identical global batches).
-    Needs torchtitan itself: without it ZephonTextDataLoader falls back to its own base class."""
+    """Uninterrupted dp=4 run vs. dp=4 checkpointed at step 3 (DCP: model + optimizer + data loader, the
+    loader as TorchTitan's ``dp_rank_{r}`` / ``world_size`` entries) and resumed at dp=4 (identical losses,
+    exactly) and at dp=2 and dp=8 (identical global batches), each new rank reading from storage only the
+    entries holding its lanes (counted below DCP). Needs torchtitan itself: without it ZephonTextDataLoader
+    falls back to its own base class."""
     pytest.importorskip("torchtitan.components.dataloader",
                         reason="torchtitan not installed: the TorchTitan rows need its BaseDataLoader")
+    from torch.distributed.checkpoint import FileSystemReader
+
     spec = dict(path=f"{corpus['docs_jsonl']},{corpus['code_jsonl']}", tok=tokenizer_path)
-    full = spawn(titan_job, 2, str(tmp_path), dict(spec, num_workers=2, steps=6))
+    full = spawn(titan_job, 4, str(tmp_path), dict(spec, num_workers=0, steps=6))
     ck = str(tmp_path / "dcp")
-    head = spawn(titan_job, 2, str(tmp_path), dict(spec, num_workers=2, steps=3, ckpt_save=ck))
+    head = spawn(titan_job, 4, str(tmp_path), dict(spec, num_workers=1, steps=3, ckpt_save=ck))
     assert head["losses"] == {s: full["losses"][s] for s in ("0", "1", "2")}
-    same = spawn(titan_job, 2, str(tmp_path), dict(spec, num_workers=0, steps=6, ckpt_load=ck))
+    meta = FileSystemReader(ck).read_metadata().state_dict_metadata
+    saved = {k: m.size.numel() for k, m in meta.items() if k.startswith("dataloader.")}
+    assert sorted(saved) == [f"dataloader.dp_rank_{r}" for r in range(4)] + ["dataloader.world_size"]
+    same = spawn(titan_job, 4, str(tmp_path), dict(spec, num_workers=0, steps=6, ckpt_load=ck))
     assert same["losses"] == {s: full["losses"][s] for s in ("3", "4", "5")}  # exact float equality
     assert same["digests"] == {s: full["digests"][s] for s in ("3", "4", "5")}
-    for world, nw in ((1, 1), (4, 0)):
+    for world, nw in ((2, 1), (8, 0)):
         other = spawn(titan_job, world, str(tmp_path), dict(spec, num_workers=nw, steps=6, ckpt_load=ck))
         assert other["digests"] == {s: full["digests"][s] for s in ("3", "4", "5")}, world
+        for rank, reads in enumerate(other["reads"]):
+            # Contiguous lanes: 8 lanes on 4 old ranks (2 each); new rank r owns lanes [r*8/world, (r+1)*8/world).
+            lanes = range(rank * R // world, (rank + 1) * R // world)
+            want = sorted({f"dataloader.dp_rank_{lane // 2}" for lane in lanes})
+            got = sorted(k for k, _ in reads if k.startswith("dataloader.dp_rank_"))
+            assert got == want and len(got) <= -(-4 // world) + 1, (world, rank, got)
+            assert sum(n for k, n in reads if k in want) >= sum(saved[k] for k in want)
