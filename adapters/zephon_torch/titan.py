@@ -171,8 +171,10 @@ class ZephonTextDataLoader(_Base):
             return [STATE_KEY]
         saved_dp = sum(1 for k in sizes if k.startswith("dp_rank_"))
         if not saved_dp or WORLD_KEY not in sizes:
-            raise CheckpointError(f"{checkpoint_id}: no Zephon data loader state under {key!r} (its keys: "
-                                  f"{sorted(sizes)[:8]})")
+            found = sorted(k for k in meta if k.startswith(prefix))  # e.g. TorchTitan's own pickled entries
+            raise CheckpointError(f"{checkpoint_id}: no Zephon data loader state under {key!r} (keys there: "
+                                  f"{found[:8]}; Zephon writes uint8 tensors {key}.dp_rank_{{r}} and "
+                                  f"{key}.world_size)")
         needed = [RANK_KEY.format(r) for r in rank_entries_needed(
             saved_dp, self.dp_world_size, self.dp_rank, self.config.canonical_replicas)]
         missing = [k for k in needed if k not in sizes]
