@@ -163,6 +163,13 @@ def test_torchtitan_trainer_resume_table_4_to_2_and_2_to_4(corpus, tokenizer_pat
         _, resumed, _ = run(tmp, f"zephon-{src}to{dst}", dst, z(dump, dst, n, 100))
         table.append(("zephon", src, dst, f"resumed: steps {k + 1}-{n} equal the uninterrupted run's "
                       f"({check_resume(full, resumed, k, n, f'{src} -> {dst}')} of {n - k})"))
+    # checkpoint.exclude_from_loading=["dataloader"]: TorchTitan restores the model but not the loader, which
+    # starts fresh: steps k+1..n train on the uninterrupted run's steps 1..n-k.
+    dump = resume_dump(tmp, "zephon-4to2-exclude", saved[4], k)
+    _, fresh, _ = run(tmp, "zephon-4to2-exclude", 2, z(dump, 2, n, 100) + ["--checkpoint.exclude_from_loading",
+                                                                           "dataloader"])
+    assert sorted(fresh) == list(range(k + 1, n + 1)) and all(fresh[k + s] == full[s] for s in range(1, n - k + 1))
+    table.append(("zephon, exclude_from_loading dataloader", 4, 2, "loader starts fresh: steps 4-6 = steps 1-3"))
     for src, dst in ((4, 2), (2, 4)):
         save = os.path.join(tmp, f"titan-head-dp{src}")
         _, head, _ = run(tmp, f"titan-head-dp{src}", src, t(save, src, k, k))
