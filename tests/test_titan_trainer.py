@@ -72,6 +72,11 @@ def dcp_keys(dump, step):
     return sorted(k for k in meta.state_dict_metadata if k.startswith("dataloader."))
 
 
+def rank_keys(dp):
+    """TorchTitan's per-rank shape of a loader saved on ``dp`` ranks, as DCP keys (both loaders write it)."""
+    return sorted([f"dataloader.dp_rank_{r}" for r in range(dp)] + ["dataloader.world_size"])
+
+
 def check_resume(full, resumed, k, steps, label):
     """The resumed run trained steps k+1..steps (so TorchTitan loaded step k) on the uninterrupted run's
     global batches; returns the number of steps compared."""
@@ -129,7 +134,7 @@ def test_torchtitan_trainer_resumes_zephon_at_another_dp(corpus, tokenizer_path,
     full_dump = os.path.join(tmp, "full")
     _, full, _ = run(tmp, "full", 2, zephon_args(corpus, tokenizer_path, full_dump, dp=2, steps=4, interval=2))
     assert sorted(full) == [1, 2, 3, 4] and len({tuple(b) for b in full.values()}) == 4
-    assert dcp_keys(full_dump, 2) == ["dataloader.zephon_state"]
+    assert dcp_keys(full_dump, 2) == rank_keys(2)
     dump = resume_dump(tmp, "resume-1", full_dump, 2)
     _, resumed, _ = run(tmp, "resume-1", 1, zephon_args(corpus, tokenizer_path, dump, dp=1, steps=4, interval=100))
     check_resume(full, resumed, 2, 4, "2 -> 1")
@@ -153,16 +158,23 @@ def test_torchtitan_trainer_resume_table_4_to_2_and_2_to_4(corpus, tokenizer_pat
     assert all(head4[s] == full[s] for s in range(1, k + 1)), "4 ranks fresh differ from 2 ranks fresh"
     saved = {4: os.path.join(tmp, "zephon-head-dp4"), 2: os.path.join(tmp, "zephon-full-dp2")}
     for src, dst in ((4, 2), (2, 4)):
-        assert dcp_keys(saved[src], k) == ["dataloader.zephon_state"]
+        assert dcp_keys(saved[src], k) == rank_keys(src)
         dump = resume_dump(tmp, f"zephon-{src}to{dst}", saved[src], k)
         _, resumed, _ = run(tmp, f"zephon-{src}to{dst}", dst, z(dump, dst, n, 100))
         table.append(("zephon", src, dst, f"resumed: steps {k + 1}-{n} equal the uninterrupted run's "
                       f"({check_resume(full, resumed, k, n, f'{src} -> {dst}')} of {n - k})"))
+    # checkpoint.exclude_from_loading=["dataloader"]: TorchTitan restores the model but not the loader, which
+    # starts fresh: steps k+1..n train on the uninterrupted run's steps 1..n-k.
+    dump = resume_dump(tmp, "zephon-4to2-exclude", saved[4], k)
+    _, fresh, _ = run(tmp, "zephon-4to2-exclude", 2, z(dump, 2, n, 100) + ["--checkpoint.exclude_from_loading",
+                                                                           "dataloader"])
+    assert sorted(fresh) == list(range(k + 1, n + 1)) and all(fresh[k + s] == full[s] for s in range(1, n - k + 1))
+    table.append(("zephon, exclude_from_loading dataloader", 4, 2, "loader starts fresh: steps 4-6 = steps 1-3"))
     for src, dst in ((4, 2), (2, 4)):
         save = os.path.join(tmp, f"titan-head-dp{src}")
         _, head, _ = run(tmp, f"titan-head-dp{src}", src, t(save, src, k, k))
         assert sorted(head) == list(range(1, k + 1))
-        assert dcp_keys(save, k) == sorted([f"dataloader.dp_rank_{r}" for r in range(src)] + ["dataloader.world_size"])
+        assert dcp_keys(save, k) == rank_keys(src)
         dump = resume_dump(tmp, f"titan-{src}to{dst}", save, k)
         rc, resumed, log = run(tmp, f"titan-{src}to{dst}", dst, t(dump, dst, n, 100), expect_ok=False)
         with open(log, errors="replace") as fh:

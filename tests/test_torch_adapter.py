@@ -168,7 +168,7 @@ def test_bad_arguments_are_refused(dirs, tokenizer_path):
 
 @pytest.mark.contract("torchtitan.loader")
 def test_torchtitan_loader_contract(corpus, tokenizer_path):
-    from zephon_torch.titan import STATE_KEY, ZephonTextDataLoader
+    from zephon_torch.titan import ZephonTextDataLoader
 
     titan = pytest.importorskip("torchtitan.components.dataloader", reason="torchtitan not installed")
     cfg = ZephonTextDataLoader.Config(dataset_path=f"{corpus['docs_jsonl']},{corpus['code_jsonl']}",
@@ -182,15 +182,18 @@ def test_torchtitan_loader_contract(corpus, tokenizer_path):
     assert inputs["input"].shape == labels.shape == inputs["positions"].shape == (16, 64)
     assert inputs["input"].dtype == labels.dtype == torch.long
     sd = dl.state_dict()
-    assert set(sd) == {STATE_KEY} and sd[STATE_KEY].dtype == torch.uint8 and sd[STATE_KEY].numel() >= 1 << 16
+    assert set(sd) == {"dp_rank_0", "world_size"} and sd["dp_rank_0"].dtype == torch.uint8
+    assert int(sd["world_size"]) == 1 and json.loads(sd["dp_rank_0"].numpy().tobytes())["dp_rank"] == 0
     again = ZephonTextDataLoader(cfg, dp_world_size=2, dp_rank=1, tokenizer=tokenizer_path, seq_len=64,
                                  local_batch_size=8)
-    assert again.state_dict()[STATE_KEY].shape == sd[STATE_KEY].shape  # DCP loads into the saved shape
     again.load_state_dict(sd)
     nxt, _ = next(iter(again))
-    assert torch.equal(nxt["input"], next(it)[0]["input"][8:])  # rank 1 of dp 2 = second half of dp 1's batch
+    expected = next(it)[0]["input"]
+    assert torch.equal(nxt["input"], expected[8:])  # rank 1 of dp 2 = second half of dp 1's batch
     with pytest.raises(CheckpointError, match="not saved by ZephonTextDataLoader"):
-        again.load_state_dict({"dp_rank_0": b"x", "world_size": 1})
+        again.load_state_dict({"dp_rank_0": b"x"})
+    with pytest.raises(CheckpointError, match="lacks 'dp_rank_1'.*prepare_load"):
+        again.load_state_dict({"dp_rank_0": sd["dp_rank_0"], "world_size": torch.tensor(2)})
     again.load_state_dict({})  # empty is a fresh start, as in torchtitan
 
 
@@ -320,3 +323,31 @@ def test_every_keyword_of_the_installed_loader_is_accepted_at_its_default(dirs, 
             continue
         mb = next(iter(ours(ds, **{name: default})))
         assert mb["input_ids"].ndim == 2, name
+
+
+@pytest.mark.contract("torchtitan.loader")
+def test_torchtitan_loader_restores_a_0_2_0_dcp_checkpoint(corpus, tokenizer_path, tmp_path):
+    """A DCP checkpoint as 0.2.0 wrote it (one merged ``dataloader.zephon_state`` tensor) restores through
+    ``prepare_load`` + ``dcp.load``; the next batch is the uninterrupted loader's."""
+    pytest.importorskip("torchtitan.components.dataloader", reason="torchtitan not installed")
+    import torch.distributed.checkpoint as dcp
+
+    from zephon.host import encode_state, state_capacity
+    from zephon_torch.titan import STATE_KEY, ZephonTextDataLoader
+
+    cfg = ZephonTextDataLoader.Config(dataset_path=corpus["docs_jsonl"], canonical_replicas=R, shuffle_buffer=4,
+                                      chunk_size=32)
+    dl = ZephonTextDataLoader(cfg, dp_world_size=1, dp_rank=0, tokenizer=tokenizer_path, seq_len=64,
+                              local_batch_size=16)
+    it = iter(dl)
+    next(it), next(it)
+    old = encode_state(dl.dataloader.state_dict(), state_capacity(dl.dataset.plan))  # 0.2.0's state_dict()
+    dcp.save({"dataloader": {STATE_KEY: torch.frombuffer(bytearray(old), dtype=torch.uint8)}},
+             checkpoint_id=str(tmp_path / "v020"))
+    again = ZephonTextDataLoader(cfg, dp_world_size=2, dp_rank=0, tokenizer=tokenizer_path, seq_len=64,
+                                 local_batch_size=8)
+    assert again.prepare_load(str(tmp_path / "v020")) == [STATE_KEY]
+    dcp.load({"dataloader": again}, checkpoint_id=str(tmp_path / "v020"))
+    assert torch.equal(next(iter(again))[0]["input"], next(it)[0]["input"][:8])
+    with pytest.raises(CheckpointError, match="no Zephon data loader state under 'model'"):
+        again.prepare_load(str(tmp_path / "v020"), key="model")

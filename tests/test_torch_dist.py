@@ -6,13 +6,15 @@ run of the same loop at the same dp degree.
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchdata")
 
 from helpers import reference_digests  # noqa: E402
-from torch_jobs import loader_job, small_corpus, spawn, titan_job, uneven_tail_job  # noqa: E402
+from torch_jobs import R, loader_job, small_corpus, spawn, titan_job, uneven_tail_job  # noqa: E402
 
 STEPS, K = 7, 3
 
@@ -85,21 +87,54 @@ def test_finite_pass_without_drop_last_gives_every_rank_the_same_steps(tmp_path)
         assert sum(r["padding"] for r in per_rank) == 2 * 2 * per_rank[0]["batches"] - len(kept) > 0, nw
 
 
-@pytest.mark.contract("torchtitan.dcp_resume")
-def test_torchtitan_loop_dcp_resume(corpus, tokenizer_path, tmp_path):
-    """Uninterrupted dp=2 run vs. dp=2 checkpointed at step 3 (DCP: model + optimizer + data loader) and
-    resumed at dp=2 (identical losses, exactly) and at dp=1 and dp=4 (identical global batches).
-    Needs torchtitan itself: without it ZephonTextDataLoader falls back to its own base class."""
+@pytest.fixture(scope="module")
+def titan_dcp4(corpus, tokenizer_path, tmp_path_factory):
+    """TorchTitan-shaped runs at dp=4: uninterrupted to step 6, and checkpointed at step 3 (DCP: model +
+    optimizer + data loader, the loader as TorchTitan's ``dp_rank_{r}`` / ``world_size`` entries)."""
     pytest.importorskip("torchtitan.components.dataloader",
                         reason="torchtitan not installed: the TorchTitan rows need its BaseDataLoader")
+    from torch.distributed.checkpoint import FileSystemReader
+
+    tmp = str(tmp_path_factory.mktemp("titan_dcp4"))
     spec = dict(path=f"{corpus['docs_jsonl']},{corpus['code_jsonl']}", tok=tokenizer_path)
-    full = spawn(titan_job, 2, str(tmp_path), dict(spec, num_workers=2, steps=6))
-    ck = str(tmp_path / "dcp")
-    head = spawn(titan_job, 2, str(tmp_path), dict(spec, num_workers=2, steps=3, ckpt_save=ck))
+    full = spawn(titan_job, 4, tmp, dict(spec, num_workers=0, steps=6))
+    ck = os.path.join(tmp, "dcp")
+    head = spawn(titan_job, 4, tmp, dict(spec, num_workers=1, steps=3, ckpt_save=ck))
     assert head["losses"] == {s: full["losses"][s] for s in ("0", "1", "2")}
-    same = spawn(titan_job, 2, str(tmp_path), dict(spec, num_workers=0, steps=6, ckpt_load=ck))
-    assert same["losses"] == {s: full["losses"][s] for s in ("3", "4", "5")}  # exact float equality
-    assert same["digests"] == {s: full["digests"][s] for s in ("3", "4", "5")}
-    for world, nw in ((1, 1), (4, 0)):
-        other = spawn(titan_job, world, str(tmp_path), dict(spec, num_workers=nw, steps=6, ckpt_load=ck))
-        assert other["digests"] == {s: full["digests"][s] for s in ("3", "4", "5")}, world
+    meta = FileSystemReader(ck).read_metadata().state_dict_metadata
+    saved = {k: m.size.numel() for k, m in meta.items() if k.startswith("dataloader.")}
+    assert sorted(saved) == [f"dataloader.dp_rank_{r}" for r in range(4)] + ["dataloader.world_size"]
+    return dict(spec=spec, tmp=tmp, full=full, ck=ck, saved=saved)
+
+
+def resume_reading_only_needed_entries(run, world, num_workers):
+    """Resume ``run`` (``titan_dcp4``) at dp ``world``: the global batches of steps 3-5 equal the
+    uninterrupted run's, and each new rank read from storage exactly the entries of the old ranks holding its
+    lanes (counted below DCP: contiguous, 8 lanes on 4 old ranks, new rank r owns lanes [r*8/world,
+    (r+1)*8/world)), at most ceil(4 / world) + 1 of them. Returns rank 0's output."""
+    out = spawn(titan_job, world, run["tmp"], dict(run["spec"], num_workers=num_workers, steps=6,
+                                                   ckpt_load=run["ck"]))
+    assert out["digests"] == {s: run["full"]["digests"][s] for s in ("3", "4", "5")}, world
+    for rank, reads in enumerate(out["reads"]):
+        lanes = range(rank * R // world, (rank + 1) * R // world)
+        want = sorted({f"dataloader.dp_rank_{lane // 2}" for lane in lanes})
+        got = sorted(k for k, _ in reads if k.startswith("dataloader.dp_rank_"))
+        assert got == want and len(got) <= -(-4 // world) + 1, (world, rank, got)
+    return out
+
+
+@pytest.mark.contract("torchtitan.dcp_resume")
+def test_torchtitan_loop_dcp_resume(titan_dcp4):
+    """dp=4 checkpoint resumed at dp=4 (identical losses, exactly: model, optimizer and loader) and at dp=2
+    (identical global batches, each rank reading 2 of the 4 saved entries)."""
+    run = titan_dcp4
+    same = resume_reading_only_needed_entries(run, 4, 0)
+    assert same["losses"] == {s: run["full"]["losses"][s] for s in ("3", "4", "5")}  # exact float equality
+    resume_reading_only_needed_entries(run, 2, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.contract("torchtitan.dcp_resume")
+def test_torchtitan_loop_dcp_resume_at_dp8(titan_dcp4):
+    """The same dp=4 checkpoint resumed on 8 gloo ranks: each reads 1 of the 4 saved entries."""
+    resume_reading_only_needed_entries(titan_dcp4, 8, 0)

@@ -5,6 +5,7 @@ The configuration mirrors ``helpers.make_loader`` so an uninterrupted single-ran
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -200,11 +201,13 @@ def titan_job(rank, world, init_file, spec):
                                       chunk_size=32, num_workers=spec["num_workers"])
     loader = ZephonTextDataLoader(cfg, dp_world_size=world, dp_rank=rank, tokenizer=spec["tok"], seq_len=64,
                                   local_batch_size=16 // world)
-    step = 0
+    step, reads = 0, []
     if spec.get("ckpt_load"):
         msd, osd = get_state_dict(model, opt)
         state = {"model": msd, "optim": osd, "dataloader": loader, "step": torch.zeros(1, dtype=torch.long)}
-        dcp.load(state, checkpoint_id=spec["ckpt_load"])
+        loader.prepare_load(spec["ckpt_load"])  # what TorchTitan's load does through ZephonCheckpointManager
+        with _spy_dcp_reads(reads, "dataloader."):
+            dcp.load(state, checkpoint_id=spec["ckpt_load"])
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
         step = int(state["step"].item())
     losses, rows = {}, []
@@ -231,8 +234,9 @@ def titan_job(rank, world, init_file, spec):
         msd, osd = get_state_dict(model, opt)
         dcp.save({"model": msd, "optim": osd, "dataloader": loader,
                   "step": torch.tensor([step], dtype=torch.long)}, checkpoint_id=spec["ckpt_save"])
-    gathered = [None] * world if rank == 0 else None
+    gathered, all_reads = ([None] * world, [None] * world) if rank == 0 else (None, None)
     dist.gather_object(rows, gathered, dst=0)
+    dist.gather_object(reads, all_reads, dst=0)
     if rank == 0:
         # A global batch: every rank's local batch of that step, ranks in order (= lanes ascending).
         by_step = defaultdict(list)
@@ -242,8 +246,27 @@ def titan_job(rank, world, init_file, spec):
         digests = {s: hashlib.sha256(b"".join(raw for _, raw in sorted(v, key=lambda x: x[0]))).hexdigest()
                    for s, v in by_step.items()}
         with open(spec["out"], "w") as fh:
-            json.dump({"losses": losses, "digests": digests}, fh)
+            json.dump({"losses": losses, "digests": digests, "reads": all_reads}, fh)
     _leave()
+
+
+@contextlib.contextmanager
+def _spy_dcp_reads(reads: list, prefix: str):
+    """Record ``(key, bytes)`` of every item DCP's FileSystemReader reads whose key starts with ``prefix``:
+    what was read from storage, seen below the code under test."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    original = FileSystemReader.read_data
+
+    def read_data(self, plan, planner):
+        reads.extend((ri.storage_index.fqn, self.storage_data[ri.storage_index].length) for ri in plan.items
+                     if ri.storage_index.fqn.startswith(prefix))
+        return original(self, plan, planner)
+    FileSystemReader.read_data = read_data
+    try:
+        yield
+    finally:
+        FileSystemReader.read_data = original
 
 
 def spawn(fn, world, tmp, spec):

@@ -5,8 +5,10 @@ an Energon-prepared dataset (or metadataset) through ``zephon_energon``, and an 
 whose ``save_state()`` returns this rank's state (what Megatron-LM's ``maybe_save_dataloader_state``
 writes to ``train_dataloader_dprank{dp_rank:03d}.pt``). Restoring differs on purpose:
 
-* every ``train_dataloader_dprank*.pt`` of the iteration is read (``torch.load(..., weights_only=True)``:
-  the state is JSON data) and merged, so the run resumes at another data-parallel size or worker count;
+* each rank reads only the ``train_dataloader_dprank*.pt`` files of the iteration whose ranks held the lanes it
+  now owns (``zephon.host.rank_entries_needed``: at most ceil(saved / new) + 1 files; ``torch.load(...,
+  weights_only=True)``: the state is JSON data) and merges them, so the run resumes at another data-parallel
+  size or worker count;
 * a state that cannot be applied (another dataset or config, lanes missing, an unreadable file, no
   file when resuming from iteration > 0) raises instead of silently starting from the beginning.
 
@@ -23,6 +25,7 @@ import re
 import torch
 
 from zephon import CheckpointError
+from zephon.host import rank_entries_needed
 
 from . import WorkerConfig, get_loader, get_savable_loader, get_train_dataset, get_val_datasets
 
@@ -60,9 +63,13 @@ def default_checkpoint_name(save_dir: str, iteration: int, dp_rank: int) -> str:
     return os.path.join(save_dir, f"iter_{iteration:07d}", "mp_rank_00", f"train_dataloader_dprank{dp_rank:03d}.pt")
 
 
-def load_saved_states(save_dir: str, iteration: int) -> list:
-    """Every data-parallel rank's saved state of ``iteration`` (any old world size), read with
-    ``weights_only=True``. Raises ``FileNotFoundError`` when there is none, ``CheckpointError`` when a
+def load_saved_states(save_dir: str, iteration: int, *, rank: int | None = None, world_size: int | None = None,
+                      plan=None) -> list:
+    """The data-parallel ranks' saved states of ``iteration`` (any old world size) that rank ``rank`` of
+    ``world_size`` needs, read with ``weights_only=True``: only the files of the old ranks holding the lanes it
+    owns in ``plan`` (the train dataset's ``plan``: ``canonical_replicas``, ``lane_assignment``), or every
+    file when ``rank`` is None. The saved world size is the number of files (named by Megatron-LM, listed
+    without reading them). Raises ``FileNotFoundError`` when there is none, ``CheckpointError`` when a
     file is not a Zephon state or ranks are missing from the sequence 0..n-1."""
     folder = os.path.dirname(checkpoint_name(save_dir, iteration, 0))
     files = sorted(glob.glob(os.path.join(folder, "train_dataloader_dprank*.pt")))
@@ -72,6 +79,10 @@ def load_saved_states(save_dir: str, iteration: int) -> list:
     ranks = [int(re.search(r"dprank(\d+)\.pt$", f).group(1)) for f in files]
     if ranks != list(range(len(ranks))):
         raise CheckpointError(f"data loader states in {folder} are for ranks {ranks}: some of 0..{max(ranks)} missing")
+    if rank is not None:
+        files = [files[r] for r in rank_entries_needed(
+            len(files), world_size, rank, plan.canonical_replicas, saved_assignment=plan.lane_assignment,
+            new_assignment=plan.lane_assignment)]
     states = []
     for f in files:
         try:
@@ -121,9 +132,10 @@ def train_valid_test_dataloaders_provider(train_val_test_num_samples, task_encod
     train_dataloader = get_savable_loader(train_ds)
     if getattr(args, "load", None) is not None and getattr(args, "dataloader_save", None) \
             and getattr(args, "iteration", 0):
-        states = load_saved_states(args.dataloader_save, args.iteration)
+        states = load_saved_states(args.dataloader_save, args.iteration, rank=rank, world_size=world_size,
+                                   plan=train_ds.plan)
         train_dataloader.restore_state_rank(states)  # CheckpointError names what differs / which lanes lack
-        print(f"restored dataset state of iteration {args.iteration} ({len(states)} saved ranks) "
+        print(f"restored dataset state of iteration {args.iteration} (the files of {len(states)} saved ranks) "
               f"at data-parallel rank {rank}/{world_size}")
     valid_dataloader = [EnergonDataloader(get_loader(ds)) for ds in valid_ds]
     return EnergonDataloader(train_dataloader), valid_dataloader, EnergonDataloader(None)

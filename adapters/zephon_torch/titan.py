@@ -6,19 +6,23 @@ seq_len, local_batch_size)``, yielding ``({"input": [B, seq_len], "positions": [
 labels [B, seq_len])`` with labels already shifted and ``-100`` where a document's last token would
 predict the next document (as torchtitan's own text dataset shifts within documents).
 
-TorchTitan's own loader stores one pickled state per dp rank and refuses a changed dp degree. Here
-``state_dict()`` is the global Zephon checkpoint (merged over ranks with a collective; every rank
-holds it) as a uint8 tensor of its JSON: DCP stores it once (replicated), loads it without unpickling,
-and any dp degree dividing ``canonical_replicas`` restores from it.
+TorchTitan's own loader stores one pickled state per dp rank (``{"dp_rank_{r}": ..., "world_size": n}``)
+and refuses a changed dp degree. Here ``state_dict()`` has the same shape, but each ``dp_rank_{r}`` is a
+uint8 tensor of this rank's Zephon rank entry as JSON (its lanes only, no collective, no pickle) and
+``world_size`` an int64 tensor. A restore at another dp degree reads only the entries holding the lanes the
+rank now owns: ``prepare_load(checkpoint_id)`` reads DCP's metadata and shapes the next ``state_dict()`` as
+the template DCP loads into (``ZephonCheckpointManager`` in ``titan_config`` calls it inside TorchTitan's
+load). A checkpoint of 0.2.0 (one merged ``zephon_state`` tensor) still restores. docs/distributed.md.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import torch
 
 from zephon import Schedule
-from zephon.host import CheckpointError, decode_state, encode_state, state_capacity
+from zephon.host import CheckpointError, decode_state, load_rank_states, rank_entries_needed, save_rank_state
 from zephon.formats import open_dataset
 from zephon.ops import Batch, Decode, Pack, Shuffle, Tokenize
 
@@ -37,8 +41,10 @@ except ImportError:  # pragma: no cover - exercised only where torchtitan is abs
             dataset: str = ""
             dataset_path: str | None = None
 
-#: Key of the checkpoint in ``state_dict()``: a uint8 tensor holding JSON, zero-padded.
+#: Key of 0.2.0's merged checkpoint (a uint8 tensor of JSON, zero-padded): still restored, no longer written.
 STATE_KEY = "zephon_state"
+#: TorchTitan's per-rank key (``ParallelAwareDataloader``) and its saved dp degree's key.
+RANK_KEY, WORLD_KEY = "dp_rank_{}", "world_size"
 
 
 class ZephonTextDataLoader(_Base):
@@ -124,6 +130,7 @@ class ZephonTextDataLoader(_Base):
         if config.num_workers:
             dl_kwargs["prefetch_factor"] = config.prefetch_factor or 2
         self.dataloader = StatefulDataLoader(self.dataset, **dl_kwargs)
+        self._template = None  # prepare_load's: what the next state_dict() returns, once
 
     def __iter__(self):
         for b in self.dataloader:
@@ -135,21 +142,79 @@ class ZephonTextDataLoader(_Base):
 
     # -- Stateful (DCP) --------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """``{STATE_KEY: uint8 tensor [capacity]}``: the global checkpoint's JSON, zero-padded. A
-        collective when torch.distributed is initialised with more than one rank: call on every rank."""
-        raw = encode_state(self.dataloader.state_dict(), state_capacity(self.dataset.plan))
-        return {STATE_KEY: torch.frombuffer(bytearray(raw), dtype=torch.uint8)}
+        """``{"dp_rank_{r}": uint8 tensor [bytes], "world_size": int64 tensor []}``: this rank's entry
+        (``save_rank_state``) as JSON, no collective. After ``prepare_load`` (once): the template DCP loads
+        the needed entries into."""
+        if self._template is not None:
+            template, self._template = self._template, None
+            return template
+        entry = save_rank_state(self.dataloader.rank_state_dict(), self.dp_world_size, self.dp_rank)
+        raw = json.dumps(entry, sort_keys=True, separators=(",", ":")).encode()
+        return {RANK_KEY.format(self.dp_rank): torch.frombuffer(bytearray(raw), dtype=torch.uint8),
+                WORLD_KEY: torch.tensor(self.dp_world_size, dtype=torch.int64)}
+
+    def prepare_load(self, checkpoint_id, key: str = "dataloader") -> list[str]:
+        """Read DCP's metadata of ``checkpoint_id`` and make the next ``state_dict()`` the template of only
+        the entries this rank needs (``rank_entries_needed``: at most ceil(saved dp / dp) + 1 of them), so
+        that ``dcp.load({key: loader, ...}, checkpoint_id=...)`` reads those and nothing else.
+
+        checkpoint_id: the DCP checkpoint directory. key: the loader's key in the saved state dict.
+        Returns the keys to be read (without ``key.``). Raises ``CheckpointError`` when the checkpoint holds
+        no Zephon loader state under ``key``."""
+        from torch.distributed.checkpoint import FileSystemReader
+
+        meta = FileSystemReader(str(checkpoint_id)).read_metadata().state_dict_metadata
+        prefix = key + "."
+        sizes = {k[len(prefix):]: m.size for k, m in meta.items() if k.startswith(prefix) and hasattr(m, "size")}
+        if STATE_KEY in sizes:  # 0.2.0: one merged checkpoint, replicated
+            self._template = {STATE_KEY: torch.zeros(sizes[STATE_KEY], dtype=torch.uint8)}
+            return [STATE_KEY]
+        saved_dp = sum(1 for k in sizes if k.startswith("dp_rank_"))
+        if not saved_dp or WORLD_KEY not in sizes:
+            found = sorted(k for k in meta if k.startswith(prefix))  # e.g. TorchTitan's own pickled entries
+            raise CheckpointError(f"{checkpoint_id}: no Zephon data loader state under {key!r} (keys there: "
+                                  f"{found[:8]}; Zephon writes uint8 tensors {key}.dp_rank_{{r}} and "
+                                  f"{key}.world_size)")
+        needed = [RANK_KEY.format(r) for r in rank_entries_needed(
+            saved_dp, self.dp_world_size, self.dp_rank, self.config.canonical_replicas)]
+        missing = [k for k in needed if k not in sizes]
+        if missing:
+            raise CheckpointError(f"{checkpoint_id}: {key}.{missing[0]} is missing ({saved_dp} rank entries saved)")
+        self._template = {k: torch.zeros(sizes[k], dtype=torch.uint8) for k in needed}
+        self._template[WORLD_KEY] = torch.zeros((), dtype=torch.int64)
+        return sorted(self._template)
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restore from what ``state_dict`` returned (possibly saved at another dp degree or worker
-        count). An empty dict is a fresh start, as in torchtitan. Raises ``CheckpointError`` (another
-        config, missing lanes, malformed) instead of silently starting over."""
+        """Restore from the entries DCP loaded into ``prepare_load``'s template (saved at any dp degree
+        that divides ``canonical_replicas`` or is a multiple of it), from 0.2.0's merged ``zephon_state``,
+        or from a same-dp ``state_dict()``. An empty dict is a fresh start, as in torchtitan. Raises
+        ``CheckpointError`` (another config, missing lanes or entries, malformed) instead of silently
+        starting over."""
+        self._template = None
         if not state_dict:
             return
-        if STATE_KEY not in state_dict:
-            raise CheckpointError(f"data loader state has no {STATE_KEY!r} (keys {sorted(state_dict)}): "
-                                  f"not saved by ZephonTextDataLoader")
-        self.dataloader.load_state_dict(decode_state(state_dict[STATE_KEY].to(torch.uint8).cpu().numpy().tobytes()))
+        if STATE_KEY in state_dict:
+            self.dataloader.load_state_dict(_json(state_dict[STATE_KEY]))
+            return
+        if WORLD_KEY not in state_dict:
+            raise CheckpointError(f"data loader state has neither {WORLD_KEY!r} nor {STATE_KEY!r} (keys "
+                                  f"{sorted(state_dict)}): not saved by ZephonTextDataLoader")
+        saved_dp = int(state_dict[WORLD_KEY])
+
+        def read_entry(old_rank: int) -> dict:
+            k = RANK_KEY.format(old_rank)
+            if k not in state_dict:
+                raise CheckpointError(f"data loader state lacks {k!r} (saved at dp {saved_dp}; loaded keys "
+                                      f"{sorted(state_dict)}): call prepare_load(checkpoint_id) before dcp.load "
+                                      f"when the dp degree changed (ZephonCheckpointManager does)")
+            return _json(state_dict[k])
+        self.dataloader.load_state_dict(load_rank_states(read_entry, saved_dp, self.dp_world_size, self.dp_rank,
+                                                         self.config.canonical_replicas))
+
+
+def _json(tensor) -> dict:
+    """The JSON object a uint8 tensor holds (trailing zero bytes ignored)."""
+    return decode_state(tensor.to(torch.uint8).cpu().numpy().tobytes())
 
 
 def _weights(config, num_datasets: int):

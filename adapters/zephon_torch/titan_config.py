@@ -14,6 +14,9 @@ docs/distributed.md#torchtitan lists the fields and the resume behaviour.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
+from torchtitan.components.checkpoint import DATALOADER, CheckpointManager
 from torchtitan.models.common.config_utils import decoder_vocab_size
 from torchtitan.models.llama3 import model_registry
 from torchtitan.models.llama3.config_registry import llama3_debugmodel
@@ -22,10 +25,30 @@ from torchtitan.trainer import Trainer
 from .titan import ZephonTextDataLoader
 
 
+class ZephonCheckpointManager(CheckpointManager):
+    """TorchTitan's DCP ``CheckpointManager``, unchanged but for one step of its load: before DCP reads the
+    checkpoint, the Zephon loader reads its metadata (``ZephonTextDataLoader.prepare_load``) so that each rank
+    reads only the ``dataloader.dp_rank_{r}`` entries holding the lanes it owns, at any dp degree. Loads
+    that exclude the data loader (``checkpoint.exclude_from_loading=["dataloader"]``, model-only) skip it."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(CheckpointManager.Config):
+        pass
+
+    def dcp_load(self, state_dict, checkpoint_id, from_hf, from_quantized):
+        loader = state_dict.get(DATALOADER)
+        if not from_hf and hasattr(loader, "prepare_load"):
+            loader.prepare_load(checkpoint_id, key=DATALOADER)
+        return super().dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
+
+
 def _with_zephon(config: Trainer.Config) -> Trainer.Config:
-    """``config`` with Zephon's loader and without TorchTitan's validator (it reads TorchTitan's own C4
-    validation set, which a Zephon job does not have; configure one with ``--validator.*`` if wanted)."""
+    """``config`` with Zephon's loader, ``ZephonCheckpointManager`` (same fields as TorchTitan's) and
+    without TorchTitan's validator (it reads TorchTitan's own C4 validation set, which a Zephon job does not
+    have; configure one with ``--validator.*`` if wanted)."""
     config.dataloader = ZephonTextDataLoader.Config(canonical_replicas=64)
+    config.checkpoint = ZephonCheckpointManager.Config(
+        **{f.name: getattr(config.checkpoint, f.name) for f in fields(CheckpointManager.Config)})
     config.validator.enable = False
     return config
 
