@@ -206,7 +206,9 @@ def run_tests(spec: EnvSpec, python: Path, root: Path, *, log=print, pytest_args
     cmd = [str(python), "-m", "pytest", "-p", "compat_matrix.pytest_plugin", "-p", "no:cacheprovider",
            "--continue-on-collection-errors",
            "--contract-hosts", ",".join(spec.hosts), "--compat-report", str(report), "-q", *pytest_args]
-    env = dict(os.environ, TQDM_DISABLE="1", PYTHONPATH=str(REPO))
+    # This checkout's zephon and adapters first: an environment's editable install may point at the checkout
+    # that built it (another clone or worktree), and the matrix must test the code it runs from.
+    env = dict(os.environ, TQDM_DISABLE="1", PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "adapters")]))
     log(f"[{spec.name}] {' '.join(cmd[1:])}")
     with open(logfile, "w") as fh:
         try:
