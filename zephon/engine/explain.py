@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..checkpoint import LaneCursor
-from ..checkpoint.skips import stream_row
+from ..checkpoint.skips import covers, stream_row
 from ..formats.records import PIECE, SRC, PieceRef, Src
 from .lane import LanePipeline
 from .runners import make_runner
@@ -55,7 +55,7 @@ def explain(plan, steps, *, state=None, text_field: str | None = None) -> dict:
     cursors = {}
     if state is not None:
         restored = plan.with_restored_skips(state)
-        if plan.skips[:len(restored.skips)] != restored.skips:  # not a loader resumed from it with more skips
+        if not covers(plan.skips, restored.skips):  # not a loader resumed from it with more skips
             plan = restored
         cursors = plan.validate(state, lanes)
     skips = plan.skips
