@@ -103,10 +103,10 @@ def check_skips(skips) -> list[list[int]]:
 def skip_in_state(state, skip_steps):
     """A copy of a host's saved state whose Zephon checkpoints (every dict with the checkpoint ``format``, however
     deeply the host nests them: a rank list, a DataLoader's state dict, DCP entries) also skip ``skip_steps``
-    (``(a, b)`` or a list of them, in the resumed run's training steps, see the module); restoring it through any host skips them, as
-    ``Loader.restore(state, skip_steps=...)`` does. Only ``config.skips`` changes (outside the fingerprint and the
-    lane digest). Raises ``ValueError`` for a malformed skip, one that starts before a checkpoint's step (naming it)
-    or a state holding no checkpoint."""
+    (``(a, b)`` or a list of them, in the resumed run's training steps, see the module); restoring it through any
+    host skips them, as ``Loader.restore(state, skip_steps=...)`` does. Only ``config.skips`` changes (outside
+    the fingerprint and the lane digest). Raises ``ValueError`` for a malformed skip, one that starts before a
+    checkpoint's step (naming it) or a state holding no checkpoint."""
     from .schema import FORMAT
 
     many = isinstance(skip_steps, (list, tuple)) and bool(skip_steps) and isinstance(skip_steps[0], (list, tuple))
