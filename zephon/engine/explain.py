@@ -13,6 +13,7 @@ from ..checkpoint import LaneCursor
 from ..checkpoint.skips import covers, stream_row
 from ..formats.records import PIECE, SRC, PieceRef, Src
 from .lane import LanePipeline
+from .plan import dataset_names
 from .runners import make_runner
 
 #: Operators whose output has one record per input record (besides the reordering ones).
@@ -140,11 +141,11 @@ def _pieces(plan, lane: int, row: dict, text_field: str | None) -> list[dict]:
         if "num_tokens" in row:
             spans = [[0, int(row["num_tokens"])]]
     ptrs = plan.source.pointers(lane, -1, np.array([r.position for r in refs], dtype=np.int64))
-    out = []
+    out, names = [], dataset_names(plan.datasets)
     for k, ref in enumerate(refs):
         d, shard, sample = int(ptrs.dataset_ids[k]), int(ptrs.shard_ids[k]), int(ptrs.sample_idx[k])
         ds = plan.datasets[d]
-        piece = {"dataset": d, "dataset_name": ds.name, "shard": shard, "file": ds.shards[shard].path,
+        piece = {"dataset": d, "dataset_name": names[d], "shard": shard, "file": ds.shards[shard].path,
                  "sample": sample, "position": ref.position, "piece": ref.piece, "tokens": spans[k]}
         piece.update(ds.locate(shard, sample))
         if text_field is not None:

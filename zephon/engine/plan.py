@@ -21,6 +21,13 @@ from .lane import carrier_indexes
 from .stage import WorkStage
 
 
+def dataset_names(datasets) -> list[str]:
+    """One name per dataset, as ``metrics()``, ``explain`` and ``diff`` report them: its ``name`` (``dataset{i}``
+    without one), ``name#i`` when several datasets share it (one folder opened twice)."""
+    names = [getattr(d, "name", None) or f"dataset{i}" for i, d in enumerate(datasets)]
+    return [n if names.count(n) == 1 else f"{n}#{i}" for i, n in enumerate(names)]
+
+
 @dataclass(frozen=True)
 class LoaderPlan:
     """A loader's derived configuration (build it with ``LoaderPlan.build``).

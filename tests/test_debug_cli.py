@@ -1,0 +1,74 @@
+"""``zephon explain`` / ``zephon diff`` flags as docs/debugging.md uses them, checked against uninterrupted Loaders
+built here: explain with ``--checkpoint`` and no ``--dp``; diff's wording and ``--against`` replacing flags; one
+folder opened as two datasets named apart."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from test_explain import check_rows, delivered
+from zephon.checkpoint import merge_states
+from zephon.cli import _build_pipeline, main, main_parser
+
+
+@pytest.fixture(scope="module")
+def dirs(corpus):
+    return [corpus["docs_jsonl"], corpus["code_jsonl"]]
+
+
+def flags(dirs, tokenizer_path, *more):
+    return [a for d in dirs for a in ("--data", d)] + ["--tokenizer", tokenizer_path, "--eos-token", "<eos>",
+                                                        "--canonical-replicas", "8", "--max-length", "128",
+                                                        "--chunk-size", "16", *more]
+
+
+def cli_loader(args_list, tokenizer_path, dp, rank=0):
+    _, make = _build_pipeline(main_parser().parse_args(["explain", "0", *args_list]), tokenizer_path)
+    return make(dp, rank, 1, "inline")
+
+
+def test_explain_with_a_checkpoint_needs_no_dp(dirs, tokenizer_path, tmp_path, capsys):
+    f = flags(dirs, tokenizer_path)
+    ranks = [cli_loader(f, tokenizer_path, 2, r) for r in range(2)]
+    delivered(ranks, 3)
+    path = tmp_path / "ckpt.json"
+    path.write_text(json.dumps(merge_states([L.checkpoint() for L in ranks])))
+    assert main(["explain", "4", "--json", "--checkpoint", str(path), *f]) == 0
+    ex = json.loads(capsys.readouterr().out)
+    got = {k: v for k, v in delivered([cli_loader(f, tokenizer_path, 1)], 5).items() if k[0] == 4}
+    check_rows(ex, got, tokenizer_path, packed=True)
+    assert main(["explain", "4", *f, "--dp", "3"]) == 2
+    assert "--dp 3" in capsys.readouterr().err
+
+
+def test_diff_says_old_and_new_config(dirs, tokenizer_path, capsys):
+    f = flags(dirs, tokenizer_path, "--dp", "1")
+    assert main(["diff", *f, "--against", "--shuffle-buffer 64", "--compare-steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "old config has 32, new config has 64" in out and "checkpoint" not in out
+
+
+def test_diff_against_data_replaces_the_data(dirs, tokenizer_path, capsys):
+    f = flags(dirs, tokenizer_path, "--weights", "0.5,0.5", "--dp", "1")
+    against = f"--data {dirs[1]} --data {dirs[0]}"
+    assert main(["diff", *f, "--against", against, "--compare-steps", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    names = [os.path.basename(d) for d in dirs]
+    assert sorted(report["moved"]) == sorted(names)  # the old config's two datasets, not four
+    assert report["first_differing_step"] == 0  # the swapped mixture changes every lane's first documents
+
+
+def test_one_folder_opened_twice_is_two_datasets_everywhere(dirs, tokenizer_path, capsys):
+    f = flags([dirs[0], dirs[0]], tokenizer_path, "--weights", "0.5,0.5", "--dp", "1")
+    assert main(["explain", "0", "--json", *f]) == 0
+    ex = json.loads(capsys.readouterr().out)
+    name = os.path.basename(dirs[0])
+    pieces = [p for r in ex["rows"] for p in r["pieces"]]
+    assert {p["dataset"] for p in pieces} == {0, 1}
+    assert all(p["dataset_name"] == f"{name}#{p['dataset']}" for p in pieces)
+    L = cli_loader(f, tokenizer_path, 1)
+    assert sorted(L.metrics()["datasets"]) == [f"{name}#0", f"{name}#1"]
+    assert main(["diff", *f, "--against", "--shuffle-buffer 8", "--compare-steps", "2", "--json"]) == 0
+    assert sorted(json.loads(capsys.readouterr().out)["moved"]) == [f"{name}#0", f"{name}#1"]
