@@ -301,9 +301,8 @@ def _print_inspect(path: str, info: dict) -> None:
 
 def _pipeline_args(p, demo: bool, debug: bool = False) -> None:
     p.add_argument("--canonical-replicas", type=int, default=64, help="lanes (fixed for a run)")
-    p.add_argument("--dp", type=int, default=1 if debug else 16,  # explain/diff: a global batch has no dp
-                   help="dp degree whose ranks explain names (default 1)" if debug else "dp degree of the "
-                   "checkpointed run (default 16)")
+    dp_help = "dp degree whose ranks explain names" if debug else "dp degree of the checkpointed run"
+    p.add_argument("--dp", type=int, default=1 if debug else 16, help=f"{dp_help} (default {1 if debug else 16})")
     p.add_argument("--resume-dp", default="8,32,64", help="comma-separated dp degrees to resume on (default 8,32,64)")
     p.add_argument("--checkpoint-step", type=int, default=20 if demo else 150)
     p.add_argument("--steps", type=int, default=40 if demo else 300)
