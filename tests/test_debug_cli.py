@@ -72,3 +72,28 @@ def test_one_folder_opened_twice_is_two_datasets_everywhere(dirs, tokenizer_path
     assert sorted(L.metrics()["datasets"]) == [f"{name}#0", f"{name}#1"]
     assert main(["diff", *f, "--against", "--shuffle-buffer 8", "--compare-steps", "2", "--json"]) == 0
     assert sorted(json.loads(capsys.readouterr().out)["moved"]) == [f"{name}#0", f"{name}#1"]
+
+
+def test_verify_with_a_skip_counts_the_verified_steps_and_says_the_reference_runs_further(dirs, tokenizer_path,
+                                                                                          capsys):
+    f = flags(dirs, tokenizer_path, "--canonical-replicas", "4", "--dp", "2", "--resume-dp", "4",
+              "--checkpoint-step", "3", "--steps", "6", "--no-progress", "--workers", "1")
+    assert main(["verify", *f, "--skip", "5:6"]) == 0
+    assert "OK: all 6 steps" in capsys.readouterr().out  # steps 0..5, not the reference's 7
+    assert main(["verify", *f, "--skip", "4:9"]) == 0
+    cap = capsys.readouterr()
+    assert "OK: all 6 steps" in cap.out and "the reference runs 11 steps" in cap.err  # step 5 delivers step 10
+    assert main(["verify", *f, "--skip", "6:8"]) == 2
+    assert "no verified step skips" in capsys.readouterr().err
+
+
+def test_best_fit_checkpoint_into_concat_names_the_method_only(dirs, tokenizer_path):
+    from helpers import make_loader
+    from zephon.checkpoint import CheckpointError
+
+    a = make_loader(dirs, tokenizer_path, canonical_replicas=4)
+    b = make_loader(dirs, tokenizer_path, canonical_replicas=4, pack_method="concat")
+    with pytest.raises(CheckpointError) as e:
+        b.restore(a.checkpoint())
+    msg = str(e.value)
+    assert "checkpoint has 'best_fit', this loader has 'concat'" in msg and "shift_labels" not in msg

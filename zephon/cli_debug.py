@@ -21,12 +21,18 @@ def _steps(text: str) -> range:
 
 def verify_skip(args):
     """``zephon verify --skip A:B`` as ``(A, B)`` (None without it, and for ``zephon demo``, which has no
-    ``--skip``). Raises ``ValueError`` unless ``--checkpoint-step <= A < B``."""
+    ``--skip``); says so on stderr when B is past ``--steps`` (the reference then runs further). Raises
+    ``ValueError`` unless ``--checkpoint-step <= A < min(B, --steps)``."""
     if not getattr(args, "skip", None):
         return None
     r = _steps(args.skip)
     if r.start < args.checkpoint_step:
         raise ValueError(f"--skip {args.skip} starts before --checkpoint-step {args.checkpoint_step}")
+    if r.start >= args.steps:
+        raise ValueError(f"--skip {args.skip} starts at or after --steps {args.steps}: no verified step skips")
+    if args.steps < r.stop:  # not wrong (the resumes then deliver steps past B), but costly: say so
+        print(f"zephon verify: --skip {args.skip} reaches past --steps {args.steps}: the reference runs "
+              f"{args.steps + r.stop - r.start} steps to reach what the resumes deliver", file=sys.stderr)
     return r.start, r.stop
 
 
