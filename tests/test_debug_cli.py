@@ -97,3 +97,28 @@ def test_best_fit_checkpoint_into_concat_names_the_method_only(dirs, tokenizer_p
         b.restore(a.checkpoint())
     msg = str(e.value)
     assert "checkpoint has 'best_fit', this loader has 'concat'" in msg and "shift_labels" not in msg
+
+
+def test_explain_names_where_a_concat_fragment_starts_in_its_document(dirs, tokenizer_path):
+    from tokenizers import Tokenizer
+
+    from helpers import make_loader
+    from test_explain import read_line
+
+    kw = dict(canonical_replicas=4, micro_batch=2, pack_method="concat")
+    first = make_loader(dirs, tokenizer_path, **kw)
+    delivered([first], 2)
+    state = json.loads(json.dumps(first.checkpoint()))  # lanes carry documents cut mid-way
+    got = delivered([make_loader(dirs, tokenizer_path, **kw)], 5)
+    tok = Tokenizer.from_file(tokenizer_path)
+    L = make_loader(dirs, tokenizer_path, **kw)
+    for ex in (L.explain(range(2, 5), state=state), L.explain(range(3, 5))):
+        cut = 0
+        for r in ex["rows"]:
+            ids = got[(r["step"], r["lane"], r["micro"], r["row"])][1]
+            for p in r["pieces"]:
+                full = tok.encode(read_line(p), add_special_tokens=False).ids + [tok.token_to_id("<eos>")]
+                (a, b), (s, e) = p["tokens"], p["document_tokens"]
+                assert list(ids[a:b]) == full[s:e], (r, p)
+                cut += s > 0
+        assert cut  # some rows start mid-document
