@@ -21,12 +21,18 @@ def _steps(text: str) -> range:
 
 def verify_skip(args):
     """``zephon verify --skip A:B`` as ``(A, B)`` (None without it, and for ``zephon demo``, which has no
-    ``--skip``). Raises ``ValueError`` unless ``--checkpoint-step <= A < B``."""
+    ``--skip``); says so on stderr when B is past ``--steps`` (the reference then runs further). Raises
+    ``ValueError`` unless ``--checkpoint-step <= A < min(B, --steps)``."""
     if not getattr(args, "skip", None):
         return None
     r = _steps(args.skip)
     if r.start < args.checkpoint_step:
         raise ValueError(f"--skip {args.skip} starts before --checkpoint-step {args.checkpoint_step}")
+    if r.start >= args.steps:
+        raise ValueError(f"--skip {args.skip} starts at or after --steps {args.steps}: no verified step skips")
+    if args.steps < r.stop:  # not wrong (the resumes then deliver steps past B), but costly: say so
+        print(f"zephon verify: --skip {args.skip} reaches past --steps {args.steps}: the reference runs "
+              f"{args.steps + r.stop - r.start} steps to reach what the resumes deliver", file=sys.stderr)
     return r.start, r.stop
 
 
@@ -43,8 +49,15 @@ def _plan(args):
         if not args.data:
             args.data = [corpus["source_jsonl"], corpus["docstrings_jsonl"]]
             args.weights = args.weights or "0.7,0.3"
+    from .work import TopologyError
+
     _, make_loader = _build_pipeline(args, tok)
-    with make_loader(args.dp, 0, args.micro_batch, "inline") as L:
+    try:
+        L = make_loader(args.dp, 0, args.micro_batch, "inline")
+    except TopologyError as e:
+        raise TopologyError(f"--dp {args.dp} (--micro-batch {args.micro_batch}) with --canonical-replicas "
+                            f"{args.canonical_replicas}: {e}") from None
+    with L:
         return L.plan
 
 
@@ -103,7 +116,8 @@ def cmd_diff(args) -> int:
     from .engine.diff import compare_plans
 
     old = _plan(args)
-    new = _plan(main_parser().parse_args(_without_against(args.argv) + shlex.split(args.against)))
+    against = shlex.split(args.against)
+    new = _plan(main_parser().parse_args(_without_against(args.argv, against) + against))
     report = compare_plans(old, new, args.compare_steps, state=_load(args.checkpoint))
     if args.json:
         print(json.dumps(report, indent=1))
@@ -117,16 +131,22 @@ def cmd_diff(args) -> int:
     return 0
 
 
-def _without_against(argv: list) -> list:
-    """``argv`` (the command line of ``zephon diff``) with ``--against``'s value emptied: the changed flags are
-    appended after it, where they override."""
-    out, it = [], iter(argv)
-    for tok in it:
-        if tok == "--against":
-            next(it, None)
-            out += ["--against", ""]
+def _without_against(argv: list, against: list) -> list:
+    """``argv`` (the command line of ``zephon diff``) with ``--against``'s value emptied and every flag that
+    ``against`` (its tokens) gives removed with its value (a token after a flag not starting with ``--``): the
+    changed flags are appended after it and replace those (``--data`` too, which otherwise appends)."""
+    given = {t.split("=", 1)[0] for t in against if t.startswith("--")}
+    out, i = [], 0
+    while i < len(argv):
+        tok = argv[i]
+        name = tok.split("=", 1)[0]
+        if name == "--against" or (tok.startswith("--") and name in given):
+            takes = "=" not in tok and (name == "--against" or (i + 1 < len(argv) and not argv[i + 1].startswith("--")))
+            i += 1 + takes
+            out += ["--against", ""] if name == "--against" else []
         else:
-            out.append("--against=" if tok.startswith("--against=") else tok)
+            out.append(tok)
+            i += 1
     return out
 
 
@@ -147,7 +167,7 @@ def add_parsers(sub, pipeline_args, format_args) -> None:
         p.add_argument("--checkpoint", default=None, help="a saved (merged) checkpoint JSON of the run: lanes replay "
                                                           "from it, its skipped steps apply")
         p.add_argument("--json", action="store_true")
-        pipeline_args(p, demo=False)
+        pipeline_args(p, demo=False, debug=True)
         format_args(p)
 
 

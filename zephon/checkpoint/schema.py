@@ -205,27 +205,30 @@ def _dataset_summary(fp):
             "columns": fp.get("columns"), "digest": digest(fp)[:16]}
 
 
-def config_diff(expected, found, path="") -> list[str]:
+def config_diff(expected, found, path="", labels=("checkpoint", "this loader")) -> list[str]:
     """Human-readable differences between two summarized configs, e.g.
-    ``["work.seed: checkpoint has 1, this loader has 0"]``."""
+    ``["work.seed: checkpoint has 1, this loader has 0"]`` (``labels``: what ``found`` and ``expected`` are).
+    Keys only one side has are not reported inside a dict whose ``method`` differs (they belong to the method)."""
+    theirs, ours = labels
     if isinstance(expected, dict) and isinstance(found, dict):
         out = []
+        both = "method" not in expected or "method" not in found or expected["method"] == found["method"]
         for k in sorted(set(expected) | set(found)):
             p = f"{path}.{k}" if path else str(k)
             if k not in expected:
-                out.append(f"{p}: only in the checkpoint ({found[k]!r})")
+                out += [f"{p}: only in the {theirs} ({found[k]!r})"] if both else []
             elif k not in found:
-                out.append(f"{p}: missing from the checkpoint (this loader has {expected[k]!r})")
+                out += [f"{p}: missing from the {theirs} ({ours} has {expected[k]!r})"] if both else []
             else:
-                out.extend(config_diff(expected[k], found[k], p))
+                out.extend(config_diff(expected[k], found[k], p, labels))
         return out
     if isinstance(expected, list) and isinstance(found, list) and len(expected) == len(found):
         out = []
         for i, (a, b) in enumerate(zip(expected, found)):
-            out.extend(config_diff(a, b, f"{path}[{i}]"))
+            out.extend(config_diff(a, b, f"{path}[{i}]", labels))
         return out
     if expected != found:
-        return [f"{path}: checkpoint has {found!r}, this loader has {expected!r}"]
+        return [f"{path}: {theirs} has {found!r}, {ours} has {expected!r}"]
     return []
 
 

@@ -1,10 +1,13 @@
 """Skipped step ranges: global steps a resume leaves out (a loss spike's bad batches), and the step arithmetic.
 
-A skip ``[a, b]`` is given in the steps training sees when it is added (after the skips before it): steps
-``a..b-1`` are not delivered, and step ``a`` delivers what ``b`` would have. The list, in the order the skips were
-added, is part of the checkpoint's config summary (``SKIPS_KEY``, absent when empty, so a checkpoint without
-skips keeps its bytes) and of nothing else: the fingerprint leaves it out, so a run without skips restores onto
-one with them. The stream steps they remove are ``stream_ranges``. See docs/debugging.md.
+A resume's skips are given in the steps training counts in the resumed run: the given steps are taken as a set
+(duplicates and overlapping or touching ranges merge, list order is irrelevant), and its maximal runs ``[a, b)``,
+lowest first, are skipped one after the other, each counted as training counts steps once the runs below it
+(and the checkpoint's own skips) are left out: steps ``a..b-1`` are not delivered and step ``a`` delivers what
+``b`` would have. The checkpoint stores the result normalized: the uninterrupted stream's steps they remove, as
+sorted, merged ``[start, stop]`` ranges (``SKIPS_KEY`` in its config summary, absent when empty, so a checkpoint
+without skips keeps its bytes). The fingerprint leaves them out, so a run without skips restores onto one with
+them. See docs/debugging.md.
 """
 from __future__ import annotations
 
@@ -22,20 +25,28 @@ def check_skip(skip) -> tuple[int, int]:
     return a, b
 
 
+def merged(ranges) -> list[tuple[int, int]]:
+    """``ranges`` (``(a, b)`` pairs, any order) as sorted disjoint ranges covering the same steps (overlapping or
+    touching ones merged)."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(tuple(r) for r in ranges):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
 def stream_ranges(skips) -> list[tuple[int, int]]:
-    """The stream steps ``skips`` remove, as sorted disjoint ``(start, stop)`` ranges (``skips``: ``[a, b]`` pairs
-    in the order added, each in the steps training saw then)."""
-    ranges: list[tuple[int, int]] = []
-    for a, b in skips:
-        lo, hi = _to_stream(a, ranges), _to_stream(b - 1, ranges) + 1
-        merged = []  # the new range swallows the older ones inside it (they lie between lo and hi)
-        for r in ranges:
-            if r[1] < lo or r[0] > hi:
-                merged.append(r)
-            else:
-                lo, hi = min(lo, r[0]), max(hi, r[1])
-        ranges = sorted(merged + [(lo, hi)])
-    return ranges
+    """The stream steps ``skips`` (a checkpoint's ``config.skips``: stream steps) remove, as sorted disjoint
+    ``(start, stop)`` ranges."""
+    return merged(skips)
+
+
+def covers(skips, other) -> bool:
+    """Whether ``skips`` remove every stream step ``other`` removes (both a checkpoint's ``config.skips``)."""
+    mine = stream_ranges(skips)
+    return all(any(c <= a and b <= d for c, d in mine) for a, b in stream_ranges(other))
 
 
 def _to_stream(step: int, ranges) -> int:
@@ -65,14 +76,17 @@ def skipped_rows(row: int, rows_per_lane_step: int, skips) -> int:
     return stream_row(row - 1, rows_per_lane_step, skips) + 1 - row
 
 
-def add_skip(skips, skip, step: int) -> list[list[int]]:
-    """``skips`` with ``skip`` added for a resume at ``step`` (a checkpoint's). Raises ``ValueError`` for a
-    malformed skip or one that starts before ``step`` (those steps were delivered already)."""
-    a, b = check_skip(skip)
-    if a < step:
-        raise ValueError(f"skip_steps=({a}, {b}) starts before the checkpoint's step {step}: steps before {step} "
-                         f"were delivered already; resume from a checkpoint at or before step {a}")
-    return [list(s) for s in skips] + [[a, b]]
+def add_skips(skips, given, step: int) -> list[list[int]]:
+    """``skips`` (stream ranges) with the ranges ``given`` added for a resume at ``step`` (a checkpoint's), in
+    the resumed run's training steps as the module says; the result normalized. Raises ``ValueError`` for a
+    malformed range or one that starts before ``step`` (those steps were delivered already)."""
+    ranges = stream_ranges(skips)
+    for a, b in merged(check_skip(g) for g in given):  # lowest first: each counted after the ones below it
+        if a < step:
+            raise ValueError(f"skip_steps=({a}, {b}) starts before the checkpoint's step {step}: steps before "
+                             f"{step} were delivered already; resume from a checkpoint at or before step {a}")
+        ranges = merged(ranges + [(_to_stream(a, ranges), _to_stream(b - 1, ranges) + 1)])
+    return [list(r) for r in ranges]
 
 
 def check_skips(skips) -> list[list[int]]:
@@ -83,27 +97,25 @@ def check_skips(skips) -> list[list[int]]:
         if not isinstance(s, list):
             raise ValueError(f"config {SKIPS_KEY!r}: entry {s!r} is not a [first, end] list")
         check_skip(s)
-    return [list(s) for s in skips]
+    return [list(r) for r in stream_ranges(skips)]
 
 
 def skip_in_state(state, skip_steps):
     """A copy of a host's saved state whose Zephon checkpoints (every dict with the checkpoint ``format``, however
     deeply the host nests them: a rank list, a DataLoader's state dict, DCP entries) also skip ``skip_steps``
-    (``(a, b)`` or a list of them, in today's step numbers); restoring it through any host skips them, as
-    ``Loader.restore(state, skip_steps=...)`` does. Only ``config.skips`` changes (outside the fingerprint and the
-    lane digest). Raises ``ValueError`` for a malformed skip, one that starts before a checkpoint's step (naming it)
-    or a state holding no checkpoint."""
+    (``(a, b)`` or a list of them, in the resumed run's training steps, see the module); restoring it through any
+    host skips them, as ``Loader.restore(state, skip_steps=...)`` does. Only ``config.skips`` changes (outside
+    the fingerprint and the lane digest). Raises ``ValueError`` for a malformed skip, one that starts before a
+    checkpoint's step (naming it) or a state holding no checkpoint."""
     from .schema import FORMAT
 
     many = isinstance(skip_steps, (list, tuple)) and bool(skip_steps) and isinstance(skip_steps[0], (list, tuple))
-    ranges = sorted((check_skip(s) for s in (skip_steps if many else [skip_steps])), key=lambda s: -s[0])
+    ranges = [check_skip(s) for s in (skip_steps if many else [skip_steps])]
     found = []
 
     def walk(obj):
         if isinstance(obj, dict) and obj.get("format") == FORMAT and isinstance(obj.get("config"), dict):
-            skips = check_skips(obj["config"].get(SKIPS_KEY, []))
-            for skip in ranges:  # several ranges of one call are all in today's numbers: the last first
-                skips = add_skip(skips, skip, checkpoint_step(obj))
+            skips = add_skips(check_skips(obj["config"].get(SKIPS_KEY, [])), ranges, checkpoint_step(obj))
             found.append(obj)
             return {**obj, "config": {**obj["config"], SKIPS_KEY: skips}}
         if isinstance(obj, dict):

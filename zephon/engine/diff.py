@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ..checkpoint.schema import config_diff
 from .explain import explain
+from .plan import dataset_names
 
 
 def _placed(ex: dict) -> dict:
@@ -38,4 +40,5 @@ def compare_plans(old, new, steps: int, state=None) -> dict:
     placed_b = _placed(b)
     moved = Counter(doc[0] for doc, where in _placed(a).items() if placed_b.get(doc) != where)
     return {"first_differing_step": differing, "steps": [span.start, span.stop],
-            "moved": {d.name: moved.get(d.name, 0) for d in old.datasets}, "config": old.config_diff(new.summary)}
+            "moved": {n: moved.get(n, 0) for n in dataset_names(old.datasets)},
+            "config": config_diff(new.summary, old.summary, labels=("old config", "new config"))}

@@ -10,9 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..checkpoint import LaneCursor
-from ..checkpoint.skips import stream_row
+from ..checkpoint.skips import covers, stream_row
 from ..formats.records import PIECE, SRC, PieceRef, Src
+from ..ops.pack_concat import DOC_OFFSETS, ConcatAccumulator
 from .lane import LanePipeline
+from .plan import dataset_names
 from .runners import make_runner
 
 #: Operators whose output has one record per input record (besides the reordering ones).
@@ -46,7 +48,8 @@ def explain(plan, steps, *, state=None, text_field: str | None = None) -> dict:
     row ``{"step", "stream_step", "lane", "rank", "micro", "row", "pad", "pieces"}`` (``stream_step``: the step of
     the uninterrupted stream it comes from; ``rank``: the dp rank of ``plan`` that delivers it; ``pad``: a
     padding row of a finite pass's end), each piece ``{"dataset", "dataset_name", "shard", "file", "sample",
-    "position", "piece", "tokens"}`` plus what the format knows (``line``, ``bytes``) and ``text``.
+    "position", "piece", "tokens"}`` plus what the format knows (``line``, ``bytes``), ``text``, and for
+    ``Pack(method="concat")`` rows ``document_tokens`` (the piece's ``[start, stop)`` in its document's tokens).
     Raises ``CheckpointError`` for a state of another config, ``ValueError`` for a negative step."""
     steps = range(steps, steps + 1) if isinstance(steps, int) else range(steps.start, steps.stop)
     if not steps or steps.start < 0:
@@ -55,7 +58,7 @@ def explain(plan, steps, *, state=None, text_field: str | None = None) -> dict:
     cursors = {}
     if state is not None:
         restored = plan.with_restored_skips(state)
-        if plan.skips[:len(restored.skips)] != restored.skips:  # not a loader resumed from it with more skips
+        if not covers(plan.skips, restored.skips):  # not a loader resumed from it with more skips
             plan = restored
         cursors = plan.validate(state, lanes)
     skips = plan.skips
@@ -110,6 +113,9 @@ def _lane_rows(plan, runner, lane: int, cursor, wanted: list) -> tuple[dict, int
     start, index = _start(plan, lane, cursor, wanted[0])
     st = LanePipeline(lane, plan.source, plan.chain_ops, plan.datasets, span=plan.flush_span,
                       unit_size=plan.unit_size, start=start)
+    for _, acc in st.chain:
+        if isinstance(acc, ConcatAccumulator):
+            acc.mark_offsets = True  # where each piece starts in its document (its rows go nowhere else)
     first = start.first_pointer(plan.source.chunk_size)
     want, out = set(wanted), {}
     while index <= wanted[-1]:
@@ -140,12 +146,15 @@ def _pieces(plan, lane: int, row: dict, text_field: str | None) -> list[dict]:
         if "num_tokens" in row:
             spans = [[0, int(row["num_tokens"])]]
     ptrs = plan.source.pointers(lane, -1, np.array([r.position for r in refs], dtype=np.int64))
-    out = []
+    out, names = [], dataset_names(plan.datasets)
     for k, ref in enumerate(refs):
         d, shard, sample = int(ptrs.dataset_ids[k]), int(ptrs.shard_ids[k]), int(ptrs.sample_idx[k])
         ds = plan.datasets[d]
-        piece = {"dataset": d, "dataset_name": ds.name, "shard": shard, "file": ds.shards[shard].path,
+        piece = {"dataset": d, "dataset_name": names[d], "shard": shard, "file": ds.shards[shard].path,
                  "sample": sample, "position": ref.position, "piece": ref.piece, "tokens": spans[k]}
+        if DOC_OFFSETS in row:  # concat packing: the piece's tokens in its document (after a row cut it)
+            start = int(row[DOC_OFFSETS][k])
+            piece["document_tokens"] = [start, start + spans[k][1] - spans[k][0]]
         piece.update(ds.locate(shard, sample))
         if text_field is not None:
             piece["text"] = str(ds.read(shard, [sample])[0].get(text_field, ""))

@@ -16,7 +16,7 @@ from ..checkpoint.skips import stream_ranges
 from .explain import explain
 from .lane import LanePipeline
 from .metrics import MetricsCounter
-from .plan import LoaderPlan
+from .plan import LoaderPlan, dataset_names
 from .runners import RUNNERS, Runner, check_main_guarded, make_runner
 from .sharing import shared_micro_batches, shared_stats
 from .stage import DEFAULT_MAX_SKIP_FRACTION, SkipLedger
@@ -398,10 +398,8 @@ class Loader:
         weights = list(schedule.shares(step)) if schedule is not None else list(self.source.mixture.weights)
         total = sum(weights) or 1
         workers = 1 if self._runner_spec == "inline" else self.num_workers
-        names = [getattr(d, "name", None) or f"dataset{i}" for i, d in enumerate(self.datasets)]
-        names = [n if names.count(n) == 1 else f"{n}#{i}" for i, n in enumerate(names)]  # keys must differ
         return self._metrics.snapshot(
-            names=names,
+            names=dataset_names(self.datasets),
             target=[float(w / total) for w in weights], workers=workers,
             skipped=self._skips[0] + sum(s.skipped for s in sts),
             filtered=self._skips[1] + sum(s.filtered for s in sts))

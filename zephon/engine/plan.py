@@ -13,12 +13,19 @@ import math
 from dataclasses import dataclass
 
 from .. import checkpoint as ckpt
-from ..checkpoint.skips import SKIPS_KEY, check_skips, skip_in_state, skipped_rows
+from ..checkpoint.skips import SKIPS_KEY, check_skips, skip_in_state, skipped_rows, stream_ranges
 from ..ops.batch import Batch
 from ..work import WorkSource, check_share_rows, lane_share, lanes_for_rank
 from .checks import check_datasets, check_finite_lanes, check_ops
 from .lane import carrier_indexes
 from .stage import WorkStage
+
+
+def dataset_names(datasets) -> list[str]:
+    """One name per dataset, as ``metrics()``, ``explain`` and ``diff`` report them: its ``name`` (``dataset{i}``
+    without one), ``name#i`` when several datasets share it (one folder opened twice)."""
+    names = [getattr(d, "name", None) or f"dataset{i}" for i, d in enumerate(datasets)]
+    return [n if names.count(n) == 1 else f"{n}#{i}" for i, n in enumerate(names)]
 
 
 @dataclass(frozen=True)
@@ -165,9 +172,9 @@ class LoaderPlan:
         return ckpt.config_diff(self.summary, summary)
 
     def with_skips(self, skips) -> LoaderPlan:
-        """This plan with the skipped step ranges ``skips`` (``[[a, b], ...]`` in the order added, see
-        ``checkpoint.skips``) instead of its own; the fingerprint stays."""
-        skips = [list(s) for s in skips]
+        """This plan with the skipped step ranges ``skips`` (``[[a, b], ...]`` stream steps, see
+        ``checkpoint.skips``; stored normalized) instead of its own; the fingerprint stays."""
+        skips = [list(s) for s in stream_ranges(skips)]
         config = {k: v for k, v in self.config.items() if k != SKIPS_KEY}
         if skips:
             config[SKIPS_KEY] = skips

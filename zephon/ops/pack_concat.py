@@ -16,6 +16,9 @@ import numpy as np
 from .base import Accumulator, RecordError
 from ..formats.records import OFFSET, SRC, piece_ref
 
+#: Key of an explained row (``mark_offsets``): per piece, its first token's offset in its document.
+DOC_OFFSETS = "__doc_offsets__"
+
 
 class ConcatAccumulator(Accumulator):
     """One lane's concatenation: ``docs`` holds ``[record, offset]`` (tokens of it not yet in a row start at
@@ -27,6 +30,7 @@ class ConcatAccumulator(Accumulator):
         self.cap = op.max_length
         self.window = op.max_length + (1 if op.shift_labels else 0)
         self._positions = np.arange(op.max_length, dtype=np.int32)
+        self.mark_offsets = False  # explain sets it: rows then say where each piece starts in its document
         self._reset()
 
     def _reset(self):
@@ -123,5 +127,8 @@ class ConcatAccumulator(Accumulator):
             pos[a:b] = self._positions[:b - a]
         mask = np.zeros(cap, dtype=np.uint8)
         mask[:take] = 1
-        return {"input_ids": ids, "labels": labels, "position_ids": pos, "attention_mask": mask,
-                "cu_seqlens": cu, "num_tokens": take, SRC: [piece_ref(r) for r, _, _ in members]}
+        row = {"input_ids": ids, "labels": labels, "position_ids": pos, "attention_mask": mask,
+               "cu_seqlens": cu, "num_tokens": take, SRC: [piece_ref(r) for r, _, _ in members]}
+        if self.mark_offsets:  # never in a loader's rows: the stream's fields stay as they are
+            row[DOC_OFFSETS] = [s for _, s, _ in members]
+        return row
