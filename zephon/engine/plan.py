@@ -69,7 +69,7 @@ class LoaderPlan:
               flush_every_k_chunks: float | None = None, flush_span: int | None = None, dp_degree: int = 1,
               dp_rank: int = 0, lane_assignment: str = "contiguous", unit_size: int = 256,
               pad_tail: bool = True, batching: str = "random",
-              epochs_per_pass=None) -> LoaderPlan:
+              epochs_per_pass=None, step_major: bool = False) -> LoaderPlan:
         """The plan of a loader built with these arguments (``Loader``'s, which documents each).
 
         Raises ``TopologyError`` for a dp_degree that neither divides ``canonical_replicas`` nor is a multiple
@@ -87,7 +87,7 @@ class LoaderPlan:
         source = WorkSource(datasets, weights, seed=seed, canonical_replicas=canonical_replicas,
                             chunk_size=chunk_size, shuffle=shuffle, shuffle_block_size=shuffle_block_size,
                             exhaustion=exhaustion, fill_multiple=gbs, step_size=gbs, batching=batching,
-                            epochs_per_pass=epochs_per_pass,
+                            epochs_per_pass=epochs_per_pass, step_major=step_major,
                             split="size" if any(op.name == "pack" for op in ops) else "count")  # rows follow tokens
         check_ops(ops, len(datasets))
         moving = [op.name for op in ops if op.stateful or op.name == "filter"

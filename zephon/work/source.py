@@ -23,7 +23,7 @@ from .mixture import Mixture, ScheduledMixture
 from .permute import IndexPermutation, derive_key
 from .schedule import Schedule, resume_horizon
 from .source_options import EXHAUSTION_POLICIES  # noqa: F401  (re-exported: where it was defined)
-from .source_options import check_options, checked_epochs, checked_quota, checked_weights
+from .source_options import check_options, checked_epochs, checked_quota, checked_step, checked_weights
 
 
 class PartialPassWarning(UserWarning):
@@ -93,13 +93,18 @@ class WorkSource:
         split: how a ``"stop"`` / ``"fill"`` pass's end goes to the lanes: ``"count"`` (equal numbers of samples)
             or ``"size"`` (equal bytes, when the datasets know their samples' sizes: ``balance``; for packed
             rows, whose count follows the tokens).
+        step_major: allocate a ``"random"`` mixture over step-major positions too (needs ``step_size``), so the
+            first ``S`` global steps draw exactly the first ``S x step_size`` positions of the mixture: an epoch
+            cut from an endless stream (Mosaic's ``proportion`` / ``epoch_size``) then reads each dataset's
+            first draws, never a later pass's, whatever ``chunk_size``. Schedules and compositions always are.
     Raises ``ValueError`` on an empty dataset list, a dataset with no samples, bad weights or options.
     """
 
     def __init__(self, datasets, weights=None, *, seed: int = 0, canonical_replicas: int = 1,
                  chunk_size: int = 1024, shuffle: bool = True, shuffle_block_size: int | None = None,
                  exhaustion: str = "repeat", fill_multiple: int = 1, step_size: int | None = None,
-                 batching: str = "random", epochs_per_pass=None, split: str = "count"):
+                 batching: str = "random", epochs_per_pass=None, split: str = "count",
+                 step_major: bool = False):
         if split not in ("count", "size"):
             raise ValueError(f"split must be 'count' or 'size', got {split!r}")
         self.split = split if exhaustion in ("stop", "fill") else "count"
@@ -117,14 +122,19 @@ class WorkSource:
                 raise ValueError(f"dataset {d.name!r} has no samples")
         self.schedule, self.batching = None, check_method(batching)
         if batching != "random":
-            self.step_size = self._check_batching(weights, step_size, exhaustion, canonical_replicas)
+            self.step_size = checked_step(f"batching={batching!r}", step_size, exhaustion, canonical_replicas, weights)
             self.mixture = composition(batching, weights, step_size=self.step_size,
                                        canonical_replicas=canonical_replicas, seed=derive_key(seed, "batching"))
         elif isinstance(weights, Schedule):
-            self.schedule, self.step_size = self._check_schedule(weights, step_size, exhaustion, canonical_replicas)
+            self.schedule = weights
+            self.step_size = checked_step("a mixture schedule", weights.positions_per_step or step_size, exhaustion,
+                                          canonical_replicas)
             self.mixture = ScheduledMixture(weights, self.step_size)
         else:
             self.mixture = Mixture(weights)
+            if step_major:
+                self.step_size = checked_step("step_major", step_size, exhaustion, canonical_replicas)
+        self.step_major = bool(step_major) or self.schedule is not None or batching != "random"
         self.seed = int(seed)
         self.canonical_replicas = int(canonical_replicas)
         self.chunk_size = int(chunk_size)
@@ -158,27 +168,6 @@ class WorkSource:
         """The in-shard permutation of shard ``s`` of dataset ``d`` in pass ``e`` (cached: a scheduled mixture's
         step-major order spreads a chunk's draws over many shards)."""
         return IndexPermutation(int(self.shard_sizes[d][s]), derive_key(self.seed, "in-shard", d, e, s))
-
-    @staticmethod
-    def _check_schedule(schedule, step_size, exhaustion, lanes):
-        step = schedule.positions_per_step or step_size
-        if exhaustion != "repeat":
-            raise ValueError(f"a mixture schedule needs an endless stream (exhaustion='repeat'), got "
-                             f"exhaustion={exhaustion!r}: a finite pass under changing weights is not supported yet")
-        if not isinstance(step, int) or step < 1 or step % lanes:
-            raise ValueError(f"a mixture schedule needs positions per step (step_size, or the schedule's "
-                             f"positions_per_step) that are a multiple of canonical_replicas={lanes}, got {step!r}")
-        return schedule, step
-
-    def _check_batching(self, weights, step_size, exhaustion, lanes) -> int:
-        if isinstance(weights, Schedule) or exhaustion != "repeat":
-            raise ValueError(f"batching={self.batching!r} needs fixed weights and an endless stream "
-                             f"(exhaustion='repeat'), got exhaustion={exhaustion!r}"
-                             + (" and a schedule" if isinstance(weights, Schedule) else ""))
-        if not isinstance(step_size, int) or step_size < 1 or step_size % lanes:
-            raise ValueError(f"batching={self.batching!r} needs step_size (positions per global step) a multiple "
-                             f"of canonical_replicas={lanes}, got {step_size!r}")
-        return step_size
 
     def _step_major(self, t: np.ndarray) -> np.ndarray:
         """Global positions -> step-major positions (see ``step_size``): a bijection."""
@@ -232,6 +221,8 @@ class WorkSource:
             **({"weights": "schedule", "schedule": {**self.schedule.to_dict(), "positions_per_step": self.step_size}}
                if self.schedule is not None else {"weights": self.mixture.weights}),
             **({"batching": self.batching, "step_size": self.step_size} if self.batching != "random" else {}),
+            **({"step_major": self.step_size} if self.step_major and self.batching == "random"
+               and self.schedule is None else {}),
             "datasets": [d.fingerprint() for d in self.datasets],
         }
 
@@ -322,7 +313,7 @@ class WorkSource:
         """Resolve global stream positions to sample pointers. A ``"fill"`` stream's positions past the
         pass resolve as the pass's first positions (the repeats), keeping their own position as identity."""
         drawn = positions if not self.fill_positions else positions % self.pass_positions
-        if self.schedule is not None or self.batching != "random":
+        if self.step_major:
             drawn = self._step_major(drawn)
         ds, draws = self.mixture.assign(drawn)
         shard_ids = np.empty_like(positions)
