@@ -44,3 +44,21 @@ def test_fractional_epochs_continue_the_pass(data, tmp_path, savable):  # noqa: 
         theirs = _iterations(me, path, True)
         assert [sum(c.values()) for c in theirs] == [sum(c.values()) for c in ours]
         assert len(_other(theirs[0]) + _other(theirs[1])) == 24
+
+
+def test_a_state_saved_in_the_second_pass_restores_there(data, tmp_path):  # noqa: F811
+    path = _frac_yaml(data, tmp_path, 0.5)
+
+    def loader():
+        return ze.get_savable_loader(ze.get_train_dataset(path, worker_config=wc(), batch_size=None,
+                                                          shuffle_buffer_size=None, max_samples_per_sequence=None,
+                                                          repeat=False))
+    whole = _iterations(ze, path, True)
+    first = loader()
+    assert Counter(s.__key__ for s in first) == whole[0]
+    it = iter(first)
+    head = [next(it).__key__ for _ in range(5)]
+    state = first.save_state_rank()
+    again = loader()
+    again.restore_state_rank(state)
+    assert Counter(head + [s.__key__ for s in again]) == whole[1], "the second pass, continued"

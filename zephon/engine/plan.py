@@ -183,6 +183,14 @@ class LoaderPlan:
         except ValueError as e:
             raise ckpt.CheckpointError(f"checkpoint: {e}") from None
 
+    def with_period(self, period: int) -> LoaderPlan:
+        """This plan over quota pass ``period`` of its source (``WorkSource.with_period``), fingerprinted as such.
+        Raises ``ValueError`` for a source without a quota."""
+        source = self.source.with_period(period)
+        config = dict(self.config, work=source.fingerprint())
+        return dataclasses.replace(self, source=source, config=config, fingerprint=ckpt.config_digest(config),
+                                   summary=ckpt.summarize_config(config))
+
     def with_restored_skips(self, state: dict, skip_steps=None) -> LoaderPlan:
         """The plan a restore of ``state`` runs: this one with the checkpoint's skipped steps, plus ``skip_steps``
         (``(a, b)`` or a list of them, all in the step numbers of the resumed run: global steps ``a..b-1`` are not

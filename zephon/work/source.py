@@ -10,7 +10,6 @@ else the rest alone is split evenly by count (every lane's last chunk an equal s
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 
 import warnings
@@ -18,6 +17,7 @@ import warnings
 import numpy as np
 
 from .balance import tail_layout
+from .chunk import ChunkPointers
 from .batching import check_method, composition
 from .mixture import Mixture, ScheduledMixture
 from .permute import IndexPermutation, derive_key
@@ -30,29 +30,6 @@ class PartialPassWarning(UserWarning):
     """A finite pass (``exhaustion="stop"`` / ``"fill"``) ends, at its mixture weights, before some datasets
     were read whole: it stops when the first dataset runs out. The message names the datasets and how many of
     their samples are left unread."""
-
-
-@dataclass(frozen=True)
-class ChunkPointers:
-    """The sample pointers of one chunk, as parallel int64 arrays of equal length (<= chunk_size).
-
-    ``positions``: global stream positions (unique over the whole run: the element identity);
-    ``dataset_ids``, ``shard_ids``, ``sample_idx``: the sample pointer; ``passes``: which pass over its
-    dataset the draw belongs to (0 for the first time through)."""
-    lane: int
-    chunk_id: int
-    positions: np.ndarray
-    dataset_ids: np.ndarray
-    shard_ids: np.ndarray
-    sample_idx: np.ndarray
-    passes: np.ndarray
-
-    def __len__(self) -> int:
-        return int(self.positions.size)
-
-    def slice(self, start: int, stop: int) -> "ChunkPointers":
-        return ChunkPointers(self.lane, self.chunk_id, self.positions[start:stop], self.dataset_ids[start:stop],
-                             self.shard_ids[start:stop], self.sample_idx[start:stop], self.passes[start:stop])
 
 
 class WorkSource:
@@ -76,7 +53,8 @@ class WorkSource:
             first positions' samples: Mosaic's epoch, every sample at least once) or ``"quota"`` (the
             weights are ints, each dataset's draws in one pass: the stream ends after ``sum(weights)`` positions,
             dataset ``d`` having had exactly ``weights[d]`` draws from its own stream of shuffled passes, so a
-            weight of 1.5x its size reads it once and half again; Energon's ``blend_epochized`` epoch).
+            weight of 1.5x its size reads it once and half again; Energon's ``blend_epochized`` epoch). Its
+            ``with_period(p)`` is the ``p``-th such pass: each dataset's stream continues where pass ``p - 1`` left it.
         fill_multiple: positions the ``"fill"`` stream's length is a multiple of (a global batch).
         step_size: positions per global step (the loader's ``global_batch_size``), used by a schedule only (its
             ``positions_per_step`` wins when set); a multiple of ``canonical_replicas``. A scheduled mixture
@@ -154,6 +132,19 @@ class WorkSource:
         self._pass_layout = lru_cache(maxsize=64)(self._pass_layout_uncached)
         self._shard_perm = lru_cache(maxsize=4096)(self._shard_perm_uncached)
         self._tail_layout = None  # (full rounds, base, bounds) of a finite stream: _tail()
+        self.period = 0  # quota passes before this one (with_period)
+
+    def with_period(self, period: int) -> "WorkSource":
+        """This quota stream's pass ``period`` (0 = the first): positions ``[p x Q, (p + 1) x Q)`` of the endless
+        mixture at the quota weights (``Q = sum(quota)``), where each dataset has had exactly ``p x quota`` draws
+        before, so consecutive passes read on through each dataset's shuffled passes. Raises ``ValueError``
+        without a quota or for a period that is not an int >= 0."""
+        if self.quota is None or not isinstance(period, int) or period < 0:
+            raise ValueError(f"with_period needs exhaustion='quota' and an int >= 0, got {self.exhaustion!r}, "
+                             f"{period!r}")
+        new = WorkSource.__new__(WorkSource)
+        new.__setstate__(dict(self.__getstate__(), period=period))
+        return new
 
     # A per-instance cache is not picklable: rebuild it (host loaders ship sources to spawned workers).
     def __getstate__(self):
@@ -216,6 +207,7 @@ class WorkSource:
             "exhaustion": self.exhaustion,
             **({"fill_multiple": self.fill_multiple} if self.exhaustion == "fill" else {}),
             **({"quota": self.quota} if self.quota is not None else {}),
+            **({"period": self.period} if getattr(self, "period", 0) else {}),
             **({"epochs_per_pass": self.epochs_per_pass} if self.epochs_per_pass else {}),
             **({"split": "size"} if self.split == "size" else {}),
             **({"weights": "schedule", "schedule": {**self.schedule.to_dict(), "positions_per_step": self.step_size}}
@@ -315,6 +307,8 @@ class WorkSource:
         drawn = positions if not self.fill_positions else positions % self.pass_positions
         if self.step_major:
             drawn = self._step_major(drawn)
+        if self.period:  # a later quota pass: the endless mixture's period ``period`` (exact at its multiples)
+            drawn = drawn + self.period * self.pass_positions
         ds, draws = self.mixture.assign(drawn)
         shard_ids = np.empty_like(positions)
         sample_idx = np.empty_like(positions)
