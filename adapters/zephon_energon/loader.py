@@ -86,7 +86,7 @@ class _ZephonLoaderBase(torch.utils.data.DataLoader):
                 self._source = None
                 if count == 0 and restart_finished and not restarted:  # a finished finite pass: start over
                     restarted = True
-                    self._fresh()
+                    self._session.restart()  # a quota pass (fractional repetitions): the next one
                     continue
                 return
             count += 1
@@ -117,7 +117,8 @@ class SavableDataLoader(_ZephonLoaderBase):
 
     Iterating continues where the previous iteration stopped (Energon keeps its worker iterator alive);
     with ``virtual_epoch_length`` each ``iter()`` yields that many batches. After a finite pass
-    (``repeat=False``) ended, the next ``iter()`` starts the pass again. ``save_state_rank()``: this
+    (``repeat=False``) ended, the next ``iter()`` starts the pass again (with fractional ``repetitions``: the next
+    quota pass, each dataset's shuffled stream continuing). ``save_state_rank()``: this
     rank's state (plain JSON data, what was consumed). ``restore_state_rank(state)``: a rank state, a
     merged state, or a list of rank states (merged here) -- restorable at another world size or worker
     count as long as every lane of this rank is in it; raises ``CheckpointError`` naming what differs or
@@ -146,7 +147,7 @@ class SavableDataLoader(_ZephonLoaderBase):
         if n is not None and self._epoch_offset >= n:  # e.g. a state saved with a longer epoch
             self._epoch_offset = 0
         for payload in self._take(None if n is None else n - self._epoch_offset,
-                                  restart_finished=self.dataset.plan.source.exhaustion == "stop"):
+                                  restart_finished=self.dataset.plan.source.exhaustion in ("stop", "quota")):
             if n is not None:
                 self._epoch_offset = (self._epoch_offset + 1) % n
                 if val and self._epoch_offset == 0:
@@ -211,12 +212,19 @@ class SavableDataLoader(_ZephonLoaderBase):
 
 
 class BasicDataLoader(_ZephonLoaderBase):
-    """Energon's ``BasicDataLoader`` (no state): every ``iter()`` starts at the beginning; ``limit``
-    (``get_val_dataset``) caps the batches per iteration."""
+    """Energon's ``BasicDataLoader`` (no state): every ``iter()`` starts at the beginning (with fractional
+    ``repetitions``: of the next quota pass, as Energon continues); ``limit`` (``get_val_dataset``) caps the
+    batches per iteration."""
+
+    _iterated = False
 
     def __iter__(self):
         self._stop()
-        self._fresh()
+        if self._iterated:  # as Energon's: a quota pass (fractional repetitions) goes on to the next one
+            self._session.restart()
+        else:
+            self._fresh()
+        self._iterated = True
         return self._take(self.dataset.limit)
 
 

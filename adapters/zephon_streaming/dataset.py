@@ -241,7 +241,8 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
                                 canonical_replicas=self.num_canonical_nodes, chunk_size=self.chunk_size,
                                 global_batch_size=self.global_batch_size, shuffle=self.shuffle,
                                 shuffle_block_size=self.shuffle_block_size, exhaustion=self.exhaustion,
-                                dp_degree=self.dp_degree, dp_rank=self.dp_rank, batching=self.batching_method)
+                                dp_degree=self.dp_degree, dp_rank=self.dp_rank, batching=self.batching_method,
+                                step_major=self.exhaustion == "repeat")  # an epoch is the stream's first steps
         self._plans = {epoch: plan}
         return plan
 

@@ -76,7 +76,7 @@ class LoaderPlan:
               flush_every_k_chunks: float | None = None, flush_span: int | None = None, dp_degree: int = 1,
               dp_rank: int = 0, lane_assignment: str = "contiguous", unit_size: int = 256,
               pad_tail: bool = True, batching: str = "random",
-              epochs_per_pass=None) -> LoaderPlan:
+              epochs_per_pass=None, step_major: bool = False) -> LoaderPlan:
         """The plan of a loader built with these arguments (``Loader``'s, which documents each).
 
         Raises ``TopologyError`` for a dp_degree that neither divides ``canonical_replicas`` nor is a multiple
@@ -94,7 +94,7 @@ class LoaderPlan:
         source = WorkSource(datasets, weights, seed=seed, canonical_replicas=canonical_replicas,
                             chunk_size=chunk_size, shuffle=shuffle, shuffle_block_size=shuffle_block_size,
                             exhaustion=exhaustion, fill_multiple=gbs, step_size=gbs, batching=batching,
-                            epochs_per_pass=epochs_per_pass,
+                            epochs_per_pass=epochs_per_pass, step_major=step_major,
                             split="size" if any(op.name == "pack" for op in ops) else "count")  # rows follow tokens
         check_ops(ops, len(datasets))
         moving = [op.name for op in ops if op.stateful or op.name == "filter"
@@ -189,6 +189,14 @@ class LoaderPlan:
             return check_skips((state.get("config") or {}).get(SKIPS_KEY, []))
         except ValueError as e:
             raise ckpt.CheckpointError(f"checkpoint: {e}") from None
+
+    def with_period(self, period: int) -> LoaderPlan:
+        """This plan over quota pass ``period`` of its source (``WorkSource.with_period``), fingerprinted as such.
+        Raises ``ValueError`` for a source without a quota."""
+        source = self.source.with_period(period)
+        config = dict(self.config, work=source.fingerprint())
+        return dataclasses.replace(self, source=source, config=config, fingerprint=ckpt.config_digest(config),
+                                   summary=ckpt.summarize_config(config))
 
     def with_restored_skips(self, state: dict, skip_steps=None) -> LoaderPlan:
         """The plan a restore of ``state`` runs: this one with the checkpoint's skipped steps, plus ``skip_steps``

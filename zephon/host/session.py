@@ -285,6 +285,14 @@ class RankSession:
             return self.global_state()
         return self.rank_state()
 
+    def restart(self) -> None:
+        """After a finite pass ended: start the next one from its beginning. A quota pass (Energon's fractional
+        ``repetitions``) goes on to the next quota period, each dataset continuing its shuffled passes; any other
+        finite pass starts over."""
+        if self.plan.source.quota is not None:
+            self.plan = self.progress.plan = self.plan.with_period(self.plan.source.period + 1)
+        self.load(None)
+
     def load(self, state, worker: tuple[int, int] | None = None) -> None:
         """Continue from ``state``: a rank's or merged checkpoint, a list of rank checkpoints (merged here;
         they must hold this rank's lanes), or None (the start). Validated now: ``CheckpointError`` says what
@@ -294,6 +302,9 @@ class RankSession:
         state (torchdata's per-worker protocol): only the worker's lanes (``worker_lanes``) must be there, and
         only they are restored (that process iterates nothing else)."""
         state = self.initial_state() if state is None else ckpt.merge_rank_states(state)
+        period = ((state.get("config") or {}).get("work") or {}).get("period", 0)
+        if self.plan.source.quota is not None and period != self.plan.source.period:  # a later quota pass's state
+            self.plan = self.progress.plan = self.plan.with_period(period)
         lanes = self.plan.rank_lanes if worker is None or worker[0] == 0 else \
             worker_lanes(self.plan.rank_lanes, *worker)
         plan = self.plan.with_restored_skips(state)  # the checkpoint's skipped steps (checkpoint.skip_in_state)

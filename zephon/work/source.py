@@ -10,7 +10,6 @@ else the rest alone is split evenly by count (every lane's last chunk an equal s
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 
 import warnings
@@ -18,41 +17,19 @@ import warnings
 import numpy as np
 
 from .balance import tail_layout
+from .chunk import ChunkPointers
 from .batching import check_method, composition
 from .mixture import Mixture, ScheduledMixture
 from .permute import IndexPermutation, derive_key
 from .schedule import Schedule, resume_horizon
 from .source_options import EXHAUSTION_POLICIES  # noqa: F401  (re-exported: where it was defined)
-from .source_options import check_options, checked_epochs, checked_quota, checked_weights
+from .source_options import check_options, checked_epochs, checked_quota, checked_step, checked_weights
 
 
 class PartialPassWarning(UserWarning):
     """A finite pass (``exhaustion="stop"`` / ``"fill"``) ends, at its mixture weights, before some datasets
     were read whole: it stops when the first dataset runs out. The message names the datasets and how many of
     their samples are left unread."""
-
-
-@dataclass(frozen=True)
-class ChunkPointers:
-    """The sample pointers of one chunk, as parallel int64 arrays of equal length (<= chunk_size).
-
-    ``positions``: global stream positions (unique over the whole run: the element identity);
-    ``dataset_ids``, ``shard_ids``, ``sample_idx``: the sample pointer; ``passes``: which pass over its
-    dataset the draw belongs to (0 for the first time through)."""
-    lane: int
-    chunk_id: int
-    positions: np.ndarray
-    dataset_ids: np.ndarray
-    shard_ids: np.ndarray
-    sample_idx: np.ndarray
-    passes: np.ndarray
-
-    def __len__(self) -> int:
-        return int(self.positions.size)
-
-    def slice(self, start: int, stop: int) -> "ChunkPointers":
-        return ChunkPointers(self.lane, self.chunk_id, self.positions[start:stop], self.dataset_ids[start:stop],
-                             self.shard_ids[start:stop], self.sample_idx[start:stop], self.passes[start:stop])
 
 
 class WorkSource:
@@ -76,7 +53,8 @@ class WorkSource:
             first positions' samples: Mosaic's epoch, every sample at least once) or ``"quota"`` (the
             weights are ints, each dataset's draws in one pass: the stream ends after ``sum(weights)`` positions,
             dataset ``d`` having had exactly ``weights[d]`` draws from its own stream of shuffled passes, so a
-            weight of 1.5x its size reads it once and half again; Energon's ``blend_epochized`` epoch).
+            weight of 1.5x its size reads it once and half again; Energon's ``blend_epochized`` epoch). Its
+            ``with_period(p)`` is the ``p``-th such pass: each dataset's stream continues where pass ``p - 1`` left it.
         fill_multiple: positions the ``"fill"`` stream's length is a multiple of (a global batch).
         step_size: positions per global step (the loader's ``global_batch_size``), used by a schedule only (its
             ``positions_per_step`` wins when set); a multiple of ``canonical_replicas``. A scheduled mixture
@@ -93,13 +71,18 @@ class WorkSource:
         split: how a ``"stop"`` / ``"fill"`` pass's end goes to the lanes: ``"count"`` (equal numbers of samples)
             or ``"size"`` (equal bytes, when the datasets know their samples' sizes: ``balance``; for packed
             rows, whose count follows the tokens).
+        step_major: allocate a ``"random"`` mixture over step-major positions too (needs ``step_size``), so the
+            first ``S`` global steps draw exactly the first ``S x step_size`` positions of the mixture: an epoch
+            cut from an endless stream (Mosaic's ``proportion`` / ``epoch_size``) then reads each dataset's
+            first draws, never a later pass's, whatever ``chunk_size``. Schedules and compositions always are.
     Raises ``ValueError`` on an empty dataset list, a dataset with no samples, bad weights or options.
     """
 
     def __init__(self, datasets, weights=None, *, seed: int = 0, canonical_replicas: int = 1,
                  chunk_size: int = 1024, shuffle: bool = True, shuffle_block_size: int | None = None,
                  exhaustion: str = "repeat", fill_multiple: int = 1, step_size: int | None = None,
-                 batching: str = "random", epochs_per_pass=None, split: str = "count"):
+                 batching: str = "random", epochs_per_pass=None, split: str = "count",
+                 step_major: bool = False):
         if split not in ("count", "size"):
             raise ValueError(f"split must be 'count' or 'size', got {split!r}")
         self.split = split if exhaustion in ("stop", "fill") else "count"
@@ -117,14 +100,19 @@ class WorkSource:
                 raise ValueError(f"dataset {d.name!r} has no samples")
         self.schedule, self.batching = None, check_method(batching)
         if batching != "random":
-            self.step_size = self._check_batching(weights, step_size, exhaustion, canonical_replicas)
+            self.step_size = checked_step(f"batching={batching!r}", step_size, exhaustion, canonical_replicas, weights)
             self.mixture = composition(batching, weights, step_size=self.step_size,
                                        canonical_replicas=canonical_replicas, seed=derive_key(seed, "batching"))
         elif isinstance(weights, Schedule):
-            self.schedule, self.step_size = self._check_schedule(weights, step_size, exhaustion, canonical_replicas)
+            self.schedule = weights
+            self.step_size = checked_step("a mixture schedule", weights.positions_per_step or step_size, exhaustion,
+                                          canonical_replicas)
             self.mixture = ScheduledMixture(weights, self.step_size)
         else:
             self.mixture = Mixture(weights)
+            if step_major:
+                self.step_size = checked_step("step_major", step_size, exhaustion, canonical_replicas)
+        self.step_major = bool(step_major) or self.schedule is not None or batching != "random"
         self.seed = int(seed)
         self.canonical_replicas = int(canonical_replicas)
         self.chunk_size = int(chunk_size)
@@ -144,6 +132,19 @@ class WorkSource:
         self._pass_layout = lru_cache(maxsize=64)(self._pass_layout_uncached)
         self._shard_perm = lru_cache(maxsize=4096)(self._shard_perm_uncached)
         self._tail_layout = None  # (full rounds, base, bounds) of a finite stream: _tail()
+        self.period = 0  # quota passes before this one (with_period)
+
+    def with_period(self, period: int) -> "WorkSource":
+        """This quota stream's pass ``period`` (0 = the first): positions ``[p x Q, (p + 1) x Q)`` of the endless
+        mixture at the quota weights (``Q = sum(quota)``), where each dataset has had exactly ``p x quota`` draws
+        before, so consecutive passes read on through each dataset's shuffled passes. Raises ``ValueError``
+        without a quota or for a period that is not an int >= 0."""
+        if self.quota is None or not isinstance(period, int) or period < 0:
+            raise ValueError(f"with_period needs exhaustion='quota' and an int >= 0, got {self.exhaustion!r}, "
+                             f"{period!r}")
+        new = WorkSource.__new__(WorkSource)
+        new.__setstate__(dict(self.__getstate__(), period=period))
+        return new
 
     # A per-instance cache is not picklable: rebuild it (host loaders ship sources to spawned workers).
     def __getstate__(self):
@@ -158,27 +159,6 @@ class WorkSource:
         """The in-shard permutation of shard ``s`` of dataset ``d`` in pass ``e`` (cached: a scheduled mixture's
         step-major order spreads a chunk's draws over many shards)."""
         return IndexPermutation(int(self.shard_sizes[d][s]), derive_key(self.seed, "in-shard", d, e, s))
-
-    @staticmethod
-    def _check_schedule(schedule, step_size, exhaustion, lanes):
-        step = schedule.positions_per_step or step_size
-        if exhaustion != "repeat":
-            raise ValueError(f"a mixture schedule needs an endless stream (exhaustion='repeat'), got "
-                             f"exhaustion={exhaustion!r}: a finite pass under changing weights is not supported yet")
-        if not isinstance(step, int) or step < 1 or step % lanes:
-            raise ValueError(f"a mixture schedule needs positions per step (step_size, or the schedule's "
-                             f"positions_per_step) that are a multiple of canonical_replicas={lanes}, got {step!r}")
-        return schedule, step
-
-    def _check_batching(self, weights, step_size, exhaustion, lanes) -> int:
-        if isinstance(weights, Schedule) or exhaustion != "repeat":
-            raise ValueError(f"batching={self.batching!r} needs fixed weights and an endless stream "
-                             f"(exhaustion='repeat'), got exhaustion={exhaustion!r}"
-                             + (" and a schedule" if isinstance(weights, Schedule) else ""))
-        if not isinstance(step_size, int) or step_size < 1 or step_size % lanes:
-            raise ValueError(f"batching={self.batching!r} needs step_size (positions per global step) a multiple "
-                             f"of canonical_replicas={lanes}, got {step_size!r}")
-        return step_size
 
     def _step_major(self, t: np.ndarray) -> np.ndarray:
         """Global positions -> step-major positions (see ``step_size``): a bijection."""
@@ -227,11 +207,14 @@ class WorkSource:
             "exhaustion": self.exhaustion,
             **({"fill_multiple": self.fill_multiple} if self.exhaustion == "fill" else {}),
             **({"quota": self.quota} if self.quota is not None else {}),
+            **({"period": self.period} if getattr(self, "period", 0) else {}),
             **({"epochs_per_pass": self.epochs_per_pass} if self.epochs_per_pass else {}),
             **({"split": "size"} if self.split == "size" else {}),
             **({"weights": "schedule", "schedule": {**self.schedule.to_dict(), "positions_per_step": self.step_size}}
                if self.schedule is not None else {"weights": self.mixture.weights}),
             **({"batching": self.batching, "step_size": self.step_size} if self.batching != "random" else {}),
+            **({"step_major": self.step_size} if self.step_major and self.batching == "random"
+               and self.schedule is None else {}),
             "datasets": [d.fingerprint() for d in self.datasets],
         }
 
@@ -322,8 +305,10 @@ class WorkSource:
         """Resolve global stream positions to sample pointers. A ``"fill"`` stream's positions past the
         pass resolve as the pass's first positions (the repeats), keeping their own position as identity."""
         drawn = positions if not self.fill_positions else positions % self.pass_positions
-        if self.schedule is not None or self.batching != "random":
+        if self.step_major:
             drawn = self._step_major(drawn)
+        if self.period:  # a later quota pass: the endless mixture's period ``period`` (exact at its multiples)
+            drawn = drawn + self.period * self.pass_positions
         ds, draws = self.mixture.assign(drawn)
         shard_ids = np.empty_like(positions)
         sample_idx = np.empty_like(positions)

@@ -54,3 +54,18 @@ def check_options(seed, canonical_replicas, chunk_size, exhaustion, fill_multipl
         raise ValueError(f"fill_multiple must be an int >= 1, got {fill_multiple!r}")
     if shuffle_block_size is not None and shuffle_block_size < 1:
         raise ValueError(f"shuffle_block_size must be >= 1 or None, got {shuffle_block_size}")
+
+
+def checked_step(what: str, step_size, exhaustion: str, lanes: int, weights=None) -> int:
+    """Positions per global step for an allocation in step-major order (a schedule, a batching composition,
+    ``step_major``). what: the option asking, as named in errors. step_size: positions per step. exhaustion: the
+    stream's policy. lanes: canonical_replicas. weights: a batching composition's weights (refused as a schedule).
+    Raises ``ValueError`` unless the stream is endless, the weights fixed, and the step a multiple of ``lanes``."""
+    schedule = " and a schedule" if isinstance(weights, Schedule) else ""
+    if exhaustion != "repeat" or schedule:
+        raise ValueError(f"{what} needs {'fixed weights and ' if weights is not None else ''}an endless stream "
+                         f"(exhaustion='repeat'), got exhaustion={exhaustion!r}{schedule}")
+    if not isinstance(step_size, int) or step_size < 1 or step_size % lanes:
+        raise ValueError(f"{what} needs positions per step (step_size, or a schedule's positions_per_step) that are "
+                         f"a multiple of canonical_replicas={lanes}, got {step_size!r}")
+    return step_size

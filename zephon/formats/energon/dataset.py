@@ -206,8 +206,10 @@ def open_energon(source, *, split_part: str = "train", name: str | None = None, 
         root = remote.root.local
     else:
         root = os.path.abspath(os.fspath(source))
-    if not os.path.isdir(root):
-        raise DataError("no such directory", path=root)
+    if not os.path.isdir(root):  # a dataset is a directory; a metadataset (.yaml) or a .jsonl file is a file
+        what = "not a directory (an Energon dataset is a prepared directory)" if os.path.exists(root) else \
+            "no such file" if os.path.splitext(root)[1] else "no such directory"
+        raise DataError(what, path=root)
     counts = read_info(root)
     parts, excludes, split_path = read_split(root, split_config)
     if split_part not in parts:
