@@ -24,7 +24,7 @@ def corpus_paths(args) -> tuple[list, str]:
     from zephon.demo_corpus import build_corpus, build_tokenizer
 
     dirs = build_corpus(args.workdir)
-    tok = build_tokenizer(args.workdir, [dirs["source_jsonl"], dirs["docstrings_jsonl"]])
+    tok = build_tokenizer(args.workdir, [dirs["source_jsonl"], dirs["docstrings_jsonl"]], vocab_size=args.vocab_size)
     sources = []
     for name in ("source", "docstrings"):
         d = dirs[f"{name}_{args.format}"]

@@ -60,7 +60,8 @@ def child_argv(args, cfg: str) -> list[str]:
             "--workers", str(args.workers), "--canonical-replicas", str(args.canonical_replicas),
             "--format", args.format, "--seq-len", str(args.seq_len), "--chunk-size", str(args.chunk_size),
             "--unit-size", str(args.unit_size), "--micro-batch-size", str(args.micro_batch_size),
-            "--shuffle-buffer", str(args.shuffle_buffer), "--seed", str(args.seed)]
+            "--shuffle-buffer", str(args.shuffle_buffer), "--seed", str(args.seed),
+            "--vocab-size", str(args.vocab_size)]
     if args.quick:
         argv.append("--quick")
     return argv
@@ -183,6 +184,9 @@ def main(argv=None) -> int:
     ap.add_argument("--micro-batch-size", type=int, default=8)
     ap.add_argument("--shuffle-buffer", type=int, default=0, help="add Shuffle(N) after Pack (0 = none)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vocab-size", type=int, default=8192,
+                    help="the corpus BPE's target vocabulary (trained once into the workdir; training stops "
+                         "earlier when the corpus has no more merges)")
     ap.add_argument("--no-raw-read", action="store_true", help="skip the raw+read reference row")
     ap.add_argument("--child", metavar="CONFIG",
                     help="internal: run one configuration (raw, raw+read or a runner) in this process and print "
@@ -203,7 +207,9 @@ def main(argv=None) -> int:
         ap.error(f"unknown runner(s) {bad}; choose from {RUNNERS}, each optionally +concat, or torch")
 
     # Build the corpus, tokenizer and JSONL index caches once, before any child (so no child builds them).
-    sources, _ = corpus_paths(args)
+    sources, sources_tok = corpus_paths(args)
+    from tokenizers import Tokenizer
+    vocab = Tokenizer.from_file(sources_tok).get_vocab_size()
     datasets = open_datasets(sources)
     ndocs = sum(ds.num_samples for ds in datasets)
     covered = len(set(all_pointers(args, datasets)))
@@ -211,7 +217,8 @@ def main(argv=None) -> int:
     print(f"# zephon throughput: {args.format}, {ndocs} documents ({covered} read in one pass), "
           f"seq_len={args.seq_len}, best_fit, micro_batch={args.micro_batch_size}, "
           f"canonical_replicas={args.canonical_replicas}, workers={args.workers}, unit_size={args.unit_size}, "
-          f"chunk_size={args.chunk_size}, shuffle_buffer={args.shuffle_buffer}, repeats={repeats}")
+          f"chunk_size={args.chunk_size}, shuffle_buffer={args.shuffle_buffer}, repeats={repeats}, "
+          f"tokenizer {os.path.basename(sources_tok)} ({vocab} tokens)")
     print(f"# machine: nproc={os.cpu_count()}, cpu={cpu_model()}, python={platform.python_version()}, "
           f"{datetime.datetime.now().astimezone().isoformat(timespec='seconds')}, code {code_version()}", flush=True)
 
