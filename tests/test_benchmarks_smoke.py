@@ -56,3 +56,15 @@ def test_transport_table_has_every_transport():
 
     rows = measure_transport(units=2, records=4)
     assert [r[0] for r in rows] == ["inline (none)", "pickle", "shared memory"] and all(r[1] == 8 for r in rows)
+
+
+def test_stall_table_has_every_configuration(capsys):
+    """benchmarks/stall.py (``--only stall --quick``): one row per runner and adapter, each with a measured stall."""
+    from benchmarks.stall import CONFIGS, main
+
+    assert main(["--quick", "--steps", "2", "--warmup", "1", "--lanes", "4"]) == 0
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if line.startswith("| ")][1:]
+    assert [row.split(" | ")[0][2:] for row in table] == list(CONFIGS)
+    assert not [row for row in table if "failed" in row], table
+    assert all(row.split(" | ")[4].endswith("%") for row in table)

@@ -24,7 +24,7 @@ def corpus_paths(args) -> tuple[list, str]:
     from zephon.demo_corpus import build_corpus, build_tokenizer
 
     dirs = build_corpus(args.workdir)
-    tok = build_tokenizer(args.workdir, [dirs["source_jsonl"], dirs["docstrings_jsonl"]])
+    tok = build_tokenizer(args.workdir, [dirs["source_jsonl"], dirs["docstrings_jsonl"]], vocab_size=args.vocab_size)
     sources = []
     for name in ("source", "docstrings"):
         d = dirs[f"{name}_{args.format}"]
@@ -145,12 +145,27 @@ def child_raw(args, with_read: bool) -> dict:
             "startup": None, "first_batch": None, "rss_main_mib": peak_rss_mib(), "rss_worker_mib": None}
 
 
-def build_loader(args, datasets, tok_path, runner):
+def child_torch_memory(args) -> dict:
+    """The torch DataLoader baseline of comparison 1 (``benchmarks/throughput/peers.py``: ``args.workers`` workers,
+    ``encode_batch`` per ``unit_size`` documents, concatenate-and-split), over the texts already in memory."""
+    from .peers import child_torch
+
+    sources, tok_path = corpus_paths(args)
+    texts = read_texts(open_datasets(sources), all_pointers(args, open_datasets(sources)))
+    cfg = {"manifest": {"tokenizer": tok_path}, "texts": texts, "workers": args.workers,
+           "micro_batch": args.micro_batch_size, "unit": args.unit_size}
+    res = child_torch(cfg)
+    res.update(startup=res.get("startup"), rss_worker_mib=None)
+    return res
+
+
+def build_loader(args, datasets, tok_path, runner, method: str = "best_fit"):
+    """The measured pipeline on ``runner``; ``method``: Pack's (``best_fit`` or ``concat``)."""
     from zephon.engine import Loader
     from zephon.ops import Batch, Decode, Pack, Shuffle, Tokenize
 
     ops = [Decode(), Tokenize(tok_path, eos_id="<eos>", max_length=args.seq_len),
-           Pack(args.seq_len, method="best_fit")]
+           Pack(args.seq_len, method=method)]
     if args.shuffle_buffer:
         ops.append(Shuffle(args.shuffle_buffer, seed=args.seed))
     ops.append(Batch(args.micro_batch_size, drop_last=False))
@@ -183,19 +198,22 @@ def one_pass(loader):
     return tokens, rows, first, time.perf_counter() - t0 - hashing, digest.hexdigest()[:16]
 
 
-def child_zephon(args, runner_name: str) -> dict:
+def child_zephon(args, config: str) -> dict:
+    """``config``: a runner name, optionally ``+concat`` (concatenation packing instead of best-fit)."""
     from zephon.engine import make_runner
 
+    runner_name, _, method = config.partition("+")
+    method = method or "best_fit"
     sources, tok_path = corpus_paths(args)
     datasets = open_datasets(sources)
     t_start = time.perf_counter()
     # The runner is built once and shared by both passes, so worker start-up (process spawn, stage
     # unpickling, tokenizer load) stays out of the timed pass; it is reported as ``startup``.
-    probe = build_loader(args, datasets, tok_path, "inline")
+    probe = build_loader(args, datasets, tok_path, "inline", method)
     runner = make_runner(runner_name, probe.stage, args.workers)
-    _, _, first_warm, _, _ = one_pass(build_loader(args, datasets, tok_path, runner))  # warm-up pass
+    _, _, first_warm, _, _ = one_pass(build_loader(args, datasets, tok_path, runner, method))  # warm-up pass
     startup = (first_warm or time.perf_counter()) - t_start
-    loader = build_loader(args, datasets, tok_path, runner)
+    loader = build_loader(args, datasets, tok_path, runner, method)
     prof = None
     if args.profile:
         import cProfile
@@ -213,11 +231,12 @@ def child_zephon(args, runner_name: str) -> dict:
         for key in ("cumulative", "tottime"):
             pstats.Stats(prof, stream=sys.stderr).sort_stats(key).print_stats(args.profile)
     st = loader.stats()
+    stage_s = loader.metrics()["stage_s"]  # where the pass's time went (worker stages summed over workers)
     runner.close()
     return {"tokens": tokens, "rows": rows, "seconds": elapsed, "cpu": cpu, "startup": startup, "digest": digest,
             "first_batch": (first - t0) if first else None, "rss_main_mib": peak_rss_mib(),
             "rss_worker_mib": max(rss_workers) if rss_workers else None, "workers_seen": len(pids),
-            "stats": {k: v for k, v in st.items() if k != "skipped_messages"}}
+            "stats": {k: v for k, v in st.items() if k != "skipped_messages"}, "stage_s": stage_s}
 
 
 def run_child(args) -> None:
@@ -226,6 +245,8 @@ def run_child(args) -> None:
         res = child_raw(args, with_read=False)
     elif cfg == "raw+read":
         res = child_raw(args, with_read=True)
+    elif cfg == "torch":
+        res = child_torch_memory(args)
     else:
         res = child_zephon(args, cfg)
     print(RESULT_TAG + json.dumps(res), flush=True)

@@ -343,8 +343,8 @@ def _torch_dataset_cls():
         """Each worker: its share of a seeded permutation of all documents, read, ``encode_batch`` per
         ``unit`` documents, EOS appended, concatenated and split into ``SEQ``-token rows (last row padded)."""
 
-        def __init__(self, fmt, files, tok_path, unit):
-            self.src = text_source(fmt, files)
+        def __init__(self, src, tok_path, unit):
+            self.src = src  # random-access texts: a file source, or a list already in memory
             self.tok_path, self.unit = tok_path, unit
 
         def __iter__(self):
@@ -373,8 +373,8 @@ def child_torch(cfg) -> dict:
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     m = cfg["manifest"]
-    files = [f for fs in m[cfg["format"]] for f in fs]
-    ds = _torch_dataset_cls()(cfg["format"], files, m["tokenizer"], cfg.get("unit", 256))
+    src = cfg.get("texts") or text_source(cfg["format"], [f for fs in m[cfg["format"]] for f in fs])
+    ds = _torch_dataset_cls()(src, m["tokenizer"], cfg.get("unit", 256))
     nw = cfg.get("workers", 2)
     dl = torch.utils.data.DataLoader(ds, batch_size=cfg.get("micro_batch", 8), num_workers=nw,
                                      persistent_workers=nw > 0, prefetch_factor=4 if nw else None)

@@ -50,7 +50,7 @@ from benchmarks.common import REPO, RESULT_TAG, cpu_model
 
 from .measure import all_pointers, corpus_paths, open_datasets, run_child
 
-DEFAULT_RUNNERS = "inline,threads,processes"
+DEFAULT_RUNNERS = "inline,threads,processes,threads+concat,torch"
 
 
 # --------------------------------------------------------------------------------- orchestration
@@ -60,7 +60,8 @@ def child_argv(args, cfg: str) -> list[str]:
             "--workers", str(args.workers), "--canonical-replicas", str(args.canonical_replicas),
             "--format", args.format, "--seq-len", str(args.seq_len), "--chunk-size", str(args.chunk_size),
             "--unit-size", str(args.unit_size), "--micro-batch-size", str(args.micro_batch_size),
-            "--shuffle-buffer", str(args.shuffle_buffer), "--seed", str(args.seed)]
+            "--shuffle-buffer", str(args.shuffle_buffer), "--seed", str(args.seed),
+            "--vocab-size", str(args.vocab_size)]
     if args.quick:
         argv.append("--quick")
     return argv
@@ -105,15 +106,15 @@ def summarize(results: dict, configs: list[str]) -> list[str]:
         rs = [r for r in results[cfg] if r]
         if rs:
             med[cfg] = statistics.median(r["tokens"] / r["seconds"] for r in rs)
-    base = med.get("raw")
-    cols = ["configuration", "tokens/s median (min-max)", "ratio vs raw", "per-round ratios", "pass s",
+    base, torch_med = med.get("raw"), med.get("torch")
+    cols = ["configuration", "tokens/s median (min-max)", "ratio vs raw", "per-round ratios", "vs torch", "pass s",
             "CPU s (cores busy)", "tokens/CPU-s", "startup s", "1st batch s", "rows", "peak RSS MiB main / worker",
             "reps"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for cfg in configs:
         runs = results[cfg]
         rs = [r for r in runs if r]
-        name = cfg if cfg.startswith("raw") else f"zephon/{cfg}"
+        name = cfg if cfg.startswith("raw") else "torch DataLoader" if cfg == "torch" else f"zephon/{cfg}"
         if not rs:
             lines.append(f"| {name} | failed |" + " |" * (len(cols) - 3) + f" 0/{len(runs)} |")
             continue
@@ -131,6 +132,7 @@ def summarize(results: dict, configs: list[str]) -> list[str]:
             f"{fmt_rate(med[cfg])} ({fmt_rate(min(rates))}-{fmt_rate(max(rates))})",
             f"{med[cfg] / base:.2f}" if base else "-",
             " ".join(per_round) or "-",
+            f"{med[cfg] / torch_med:.2f}" if torch_med else "-",
             f"{statistics.median(r['seconds'] for r in rs):.2f}",
             f"{cpu:.2f} ({statistics.median(r['cpu'] / r['seconds'] for r in rs):.1f})",
             fmt_rate(statistics.median(r["tokens"] / r["cpu"] for r in rs if r["cpu"] > 0)),
@@ -141,6 +143,23 @@ def summarize(results: dict, configs: list[str]) -> list[str]:
             f"{len(rs)}/{len(runs)}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def stage_table(results: dict, configs: list[str]) -> list[str]:
+    """Markdown table: ``Loader.metrics()["stage_s"]`` of the timed pass (medians over the repetitions; worker stages
+    summed over workers) beside its wall seconds."""
+    stages = sorted({k for c in configs for r in results[c] if r for k in r.get("stage_s", {})},
+                    key=lambda k: ("read", "decode", "tokenize").index(k) if k in ("read", "decode", "tokenize")
+                    else 9)
+    lines = ["| configuration | pass s | " + " | ".join(f"{k} s" for k in stages) + " |",
+             "|" + "---|" * (len(stages) + 2)]
+    for c in configs:
+        rs = [r for r in results[c] if r and r.get("stage_s")]
+        if rs:
+            cells = [f"{statistics.median(r['stage_s'].get(k, 0.0) for r in rs):.2f}" for k in stages]
+            lines.append(f"| zephon/{c} | {statistics.median(r['seconds'] for r in rs):.2f} | " + " | ".join(cells)
+                         + " |")
     return lines
 
 
@@ -165,6 +184,9 @@ def main(argv=None) -> int:
     ap.add_argument("--micro-batch-size", type=int, default=8)
     ap.add_argument("--shuffle-buffer", type=int, default=0, help="add Shuffle(N) after Pack (0 = none)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vocab-size", type=int, default=8192,
+                    help="the corpus BPE's target vocabulary (trained once into the workdir; training stops "
+                         "earlier when the corpus has no more merges)")
     ap.add_argument("--no-raw-read", action="store_true", help="skip the raw+read reference row")
     ap.add_argument("--child", metavar="CONFIG",
                     help="internal: run one configuration (raw, raw+read or a runner) in this process and print "
@@ -179,12 +201,15 @@ def main(argv=None) -> int:
     repeats = args.repeats or (1 if args.quick else 3)
     runners = [r.strip() for r in args.runners.split(",") if r.strip()]
     from zephon.engine import RUNNERS
-    bad = [r for r in runners if r not in RUNNERS]
+    bad = [r for r in runners if r != "torch" and r.partition("+")[0] not in RUNNERS
+           or r.partition("+")[2] not in ("", "concat")]
     if bad:
-        ap.error(f"unknown runner(s) {bad}; choose from {RUNNERS}")
+        ap.error(f"unknown runner(s) {bad}; choose from {RUNNERS}, each optionally +concat, or torch")
 
     # Build the corpus, tokenizer and JSONL index caches once, before any child (so no child builds them).
-    sources, _ = corpus_paths(args)
+    sources, sources_tok = corpus_paths(args)
+    from tokenizers import Tokenizer
+    vocab = Tokenizer.from_file(sources_tok).get_vocab_size()
     datasets = open_datasets(sources)
     ndocs = sum(ds.num_samples for ds in datasets)
     covered = len(set(all_pointers(args, datasets)))
@@ -192,7 +217,8 @@ def main(argv=None) -> int:
     print(f"# zephon throughput: {args.format}, {ndocs} documents ({covered} read in one pass), "
           f"seq_len={args.seq_len}, best_fit, micro_batch={args.micro_batch_size}, "
           f"canonical_replicas={args.canonical_replicas}, workers={args.workers}, unit_size={args.unit_size}, "
-          f"chunk_size={args.chunk_size}, shuffle_buffer={args.shuffle_buffer}, repeats={repeats}")
+          f"chunk_size={args.chunk_size}, shuffle_buffer={args.shuffle_buffer}, repeats={repeats}, "
+          f"tokenizer {os.path.basename(sources_tok)} ({vocab} tokens)")
     print(f"# machine: nproc={os.cpu_count()}, cpu={cpu_model()}, python={platform.python_version()}, "
           f"{datetime.datetime.now().astimezone().isoformat(timespec='seconds')}, code {code_version()}", flush=True)
 
@@ -204,7 +230,8 @@ def main(argv=None) -> int:
             results[cfg].append(res)
             if res:
                 print(f"  round {rep + 1}/{repeats} {cfg:>10}: {res['tokens'] / res['seconds'] / 1e6:6.2f}M tok/s "
-                      f"({res['tokens']} tokens, {res['seconds']:.2f} s, {res['cpu']:.2f} CPU s)", flush=True)
+                      f"({res['tokens']} tokens, {res['seconds']:.2f} s, {res['cpu']:.2f} CPU s, "
+                      f"load {os.getloadavg()[0]:.2f})", flush=True)
     lines = summarize(results, configs)
     print()
     print("\n".join(lines))
@@ -217,7 +244,9 @@ def main(argv=None) -> int:
             print(f"NOTE: {cfg} delivered {sorted(tokens[cfg])} tokens, raw {sorted(ref)}: counts differ")
     if ref and all(tokens[c] == ref for c in configs if tokens[c]):
         print(f"token counts agree: every configuration delivered {next(iter(ref))} real tokens per pass")
-    digests = {r["digest"] for cfg in runners for r in results[cfg] if r}
+    print()
+    print("\n".join(stage_table(results, [c for c in runners if c != "torch"])))
+    digests = {r["digest"] for cfg in runners if "+" not in cfg and cfg != "torch" for r in results[cfg] if r}
     if len(digests) == 1:
         print(f"output digest {next(iter(digests))}: identical bytes from every runner and repetition")
     elif digests:

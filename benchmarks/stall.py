@@ -1,0 +1,218 @@
+"""Data stall of a simulated training loop: the fraction of wall time the loop waits on the loader.
+
+    python -m benchmarks --only stall [--quick] [--repeats 3] [--headroom 1.2] [--matmul-ms 0] [--steps 16]
+                                      [--warmup 8] [--lanes 64]
+                                      [--configs inline,threads,processes,zephon_torch,zephon_streaming,zephon_energon]
+                                      [--tokenizer PATH]
+
+Each configuration runs in a fresh subprocess, rounds interleaved (round r rotates the order by r). In it: the
+loader at the demo's settings (``zephon demo``: 64 lanes, chunk 256, Decode + Tokenize + Pack(2048, best_fit) +
+Shuffle(32) + Batch(1), weights 0.7/0.3 over the corpus' two datasets, 2 workers, one rank), then
+
+1. warm-up: ``--warmup`` steps consumed as fast as possible (start-up, including filling 64 lanes' packing bins, is
+   not a stall of the steady state; it is reported as ``start-up s``);
+2. probe: ``--steps`` steps free-running: the loader's throughput R (tokens/s, real tokens);
+3. the loop: ``--steps`` steps of a simulated training step paced at the target ``R / headroom`` tokens/s. A step
+   takes the next ``per_step`` items (one global step: 64 lane micro-batches of one 2048-token row), then "trains"
+   for ``tokens of the step / target`` seconds: ``--matmul-ms`` of them in a 1-thread numpy matmul (CPU the step
+   takes from the loader, as a host thread launching kernels does), the rest in ``time.sleep`` (a GPU computing,
+   CPU-free). Stall = seconds inside ``next()`` during the loop / wall seconds of the loop.
+
+Runners ``inline``/``threads``/``processes`` drive ``zephon.Loader`` directly; ``zephon_torch`` is its
+``DataLoader(ZephonIterableDataset, batch_size=None, num_workers=2)`` (inline runner in each worker);
+``zephon_streaming`` and ``zephon_energon`` iterate their host's own format (MDS, WebDataset from
+``benchmarks/prepare.py``) as their hosts' users do: text samples, batch 8, 2 workers, a step being 8 batches, and
+for Energon a TaskEncoder that tokenizes (``benchmarks/formats.py``); their "tokens" are the tokens Energon's encoder
+produced, or for MDS the samples (no tokenizer in Mosaic's loader: the unit is a sample). Prints only.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from .common import RssWatch, markdown_table, run_child
+
+CONFIGS = ("inline", "threads", "processes", "zephon_torch", "zephon_streaming", "zephon_energon")
+LANES, SEQ = 64, 2048
+
+
+def _core_loader(cfg, runner):
+    from zephon.engine import Loader
+
+    datasets, ops = _pipeline(cfg)
+    return Loader(datasets, ops, weights=[0.7, 0.3], seed=0, canonical_replicas=cfg["lanes"], chunk_size=256,
+                  runner=runner, num_workers=2)
+
+
+def _pipeline(cfg):
+    """The demo's datasets and operators (see ``zephon.cli._build_pipeline``)."""
+    from zephon.formats import open_dataset
+    from zephon.ops import Batch, Decode, Pack, Shuffle, Tokenize
+
+    datasets = [open_dataset(d, name=n) for d, n in zip(cfg["data"], ("source", "docstrings"))]
+    ops = [Decode(), Tokenize(cfg["tokenizer"], eos_id="<eos>", max_length=SEQ), Pack(SEQ, method="best_fit"),
+           Shuffle(32, seed=0), Batch(1)]
+    return datasets, ops
+
+
+def _mask_tokens(mb) -> int:
+    return int(mb["attention_mask"].sum())
+
+
+def _iterator(cfg):
+    """``(iterator, items per step, count(item) -> tokens, what the count is)`` for ``cfg["config"]``."""
+    name = cfg["config"]
+    if name in ("inline", "threads", "processes"):
+        return iter(_core_loader(cfg, name)), cfg["lanes"], _mask_tokens, "tokens"
+    if name == "zephon_torch":
+        from zephon_torch import DataLoader, ZephonIterableDataset
+
+        datasets, ops = _pipeline(cfg)
+        ds = ZephonIterableDataset(datasets, ops, dp_degree=1, dp_rank=0, weights=[0.7, 0.3], seed=0,
+                                   canonical_replicas=cfg["lanes"], chunk_size=256)
+        dl = DataLoader(ds, batch_size=None, num_workers=2, prefetch_factor=4)
+        return iter(dl), cfg["lanes"], _mask_tokens, "tokens"
+    m = cfg["manifest"]
+    if name == "zephon_streaming":
+        from zephon_streaming import StreamingDataLoader, StreamingDataset
+
+        ds = StreamingDataset(local=m["mds"], batch_size=8, shuffle=True, shuffle_seed=17)
+        dl = StreamingDataLoader(ds, batch_size=8, num_workers=2, prefetch_factor=4)
+        return _epochs(dl), 8, lambda b: len(b["text"]), "samples"
+    if name == "zephon_energon":
+        import zephon_energon as mod
+
+        from .formats import _tokenizing_encoder_cls
+
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        wc = mod.WorkerConfig(rank=0, world_size=1, num_workers=2)
+        ds = mod.get_train_dataset(m["wds"], worker_config=wc, batch_size=8, shuffle_buffer_size=100,
+                                   max_samples_per_sequence=100,
+                                   task_encoder=_tokenizing_encoder_cls(mod)(cfg["tokenizer"]))
+        return iter(mod.get_loader(ds, worker_config=wc, prefetch_factor=4)), 8, lambda b: int((b != 0).sum()), \
+            "tokens"
+    raise ValueError(f"unknown stall configuration {name!r}; choose from {CONFIGS}")
+
+
+def _epochs(dl):
+    while True:  # Mosaic's loader is one epoch per iteration; a training loop starts the next
+        yield from dl
+
+
+def _matmul(seconds: float, a) -> None:
+    """Multiply ``a`` by itself (1 BLAS thread) until ``seconds`` have passed."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a @ a
+
+
+def run_loop(it, per_step: int, count, steps: int, target: float | None, matmul_s_per_unit: float = 0.0) -> dict:
+    """Consume ``steps`` steps of ``per_step`` items; ``target`` (units/s, None: free-running) paces each step to
+    ``units of the step / target`` seconds, ``matmul_s_per_unit`` x units of them in a matmul, the rest asleep.
+    Returns ``{"units", "wall_s", "wait_s", "max_wait_s"}`` (wait: seconds inside ``next()``)."""
+    import numpy as np
+
+    a = np.random.default_rng(0).random((256, 256))
+    units = 0
+    wait = max_wait = 0.0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        w0 = time.perf_counter()
+        n = sum(count(next(it)) for _ in range(per_step))
+        w = time.perf_counter() - w0
+        wait += w
+        max_wait = max(max_wait, w)
+        units += n
+        if target:
+            step_s = n / target
+            mm = min(step_s, n * matmul_s_per_unit)
+            _matmul(mm, a)
+            time.sleep(max(0.0, step_s - mm))
+    return {"units": units, "wall_s": time.perf_counter() - t0, "wait_s": wait, "max_wait_s": max_wait}
+
+
+def child_run(cfg) -> dict:
+    """One configuration: warm-up, probe, paced loop (see the module docstring)."""
+    with RssWatch() as watch:
+        t0 = time.perf_counter()
+        it, per_step, count, unit = _iterator(cfg)
+        run_loop(it, per_step, count, cfg["warmup"], None)
+        startup = time.perf_counter() - t0
+        probe = run_loop(it, per_step, count, cfg["steps"], None)
+        rate = probe["units"] / probe["wall_s"]
+        target = rate / cfg["headroom"]
+        # the matmul share of a step: matmul_ms per step of the probe's mean size
+        per_unit = cfg["matmul_ms"] / 1000 / (probe["units"] / cfg["steps"])
+        loop = run_loop(it, per_step, count, cfg["steps"], target, per_unit)
+    return {"unit": unit, "per_step": per_step, "startup_s": startup, "loader_rate": rate, "target": target,
+            "step_ms": 1000 * (loop["units"] / cfg["steps"]) / target, **loop,
+            "stall": loop["wait_s"] / loop["wall_s"], "load": os.getloadavg()[0], **watch.result()}
+
+
+def table(results: dict) -> str:
+    """Markdown: per configuration, medians (min-max) over the rounds."""
+    rows = []
+    for name, runs in results.items():
+        rs = [r for r in runs if r and "error" not in r]
+        if not rs:
+            rows.append([name, "failed: " + str((runs[0] or {}).get("error", ""))[:60]] + ["-"] * 6)
+            continue
+
+        def mm(key, scale=1.0, spec=".2f"):
+            xs = [r[key] * scale for r in rs]
+            return f"{statistics.median(xs):{spec}} ({min(xs):{spec}}-{max(xs):{spec}})"
+        u = rs[0]["unit"]
+        rows.append([name, f"{mm('loader_rate', 1e-3, '.0f')}k {u}/s", f"{mm('target', 1e-3, '.0f')}k {u}/s",
+                     f"{rs[0]['per_step']} x, {statistics.median(r['step_ms'] for r in rs):.0f} ms",
+                     mm("stall", 100, ".1f") + " %", f"{statistics.median(r['max_wait_s'] for r in rs) * 1e3:.0f}",
+                     f"{statistics.median(r['startup_s'] for r in rs):.1f}",
+                     " ".join(f"{r['load']:.1f}" for r in rs)])
+    return markdown_table(["configuration<", "loader rate median (min-max)", "target", "items per step, step time",
+                           "stall median (min-max)", "longest wait ms", "start-up s", "load per round"], rows)
+
+
+def main(argv=None) -> int:
+    from zephon.demo_corpus import default_workdir
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks --only stall", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workdir", default=default_workdir())
+    ap.add_argument("--quick", action="store_true", help="1 round, 4 steps, the corpus' first shards")
+    ap.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 3; 1 with --quick)")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, from %(default)s")
+    ap.add_argument("--steps", type=int, default=None, help="steps of the probe and of the loop (default 24)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 4)")
+    ap.add_argument("--lanes", type=int, default=LANES, help="canonical_replicas (default: the demo's %(default)s)")
+    ap.add_argument("--headroom", type=float, default=1.2, help="loader throughput / target (default 1.2)")
+    ap.add_argument("--matmul-ms", type=float, default=0.0, help="CPU matmul per step, ms (1 BLAS thread)")
+    ap.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the demo's 8192-token BPE)")
+    args = ap.parse_args(argv)
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    bad = [c for c in configs if c not in CONFIGS]
+    if bad:
+        ap.error(f"unknown configuration(s) {bad}; choose from {CONFIGS}")
+    from .prepare import prepare
+
+    m = prepare(args.workdir, quick=args.quick, log=lambda *_: None)
+    cfg = {"manifest": m, "data": m["jsonl"], "tokenizer": args.tokenizer or m["tokenizer"],
+           "steps": args.steps or (4 if args.quick else 16), "warmup": args.warmup or (1 if args.quick else 8),
+           "headroom": args.headroom, "lanes": args.lanes, "matmul_ms": args.matmul_ms}
+    repeats = args.repeats or (1 if args.quick else 3)
+    print(f"# stall: {configs}, {args.lanes} lanes, steps={cfg['steps']} (+{cfg['warmup']} warm-up), "
+          f"headroom {args.headroom}, "
+          f"matmul {args.matmul_ms} ms/step, tokenizer {os.path.basename(cfg['tokenizer'])}, {repeats} rounds, "
+          f"nproc={os.cpu_count()}, load {os.getloadavg()[0]:.2f}", flush=True)
+    results = {c: [] for c in configs}
+    env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # a 1-core matmul
+    for rep in range(repeats):
+        for c in configs[rep % len(configs):] + configs[:rep % len(configs)]:
+            res = run_child("stall.run", {**cfg, "config": c, "name": c}, timeout=600, env_extra=env)
+            results[c].append(res)
+            if res and "error" not in res:
+                print(f"  round {rep + 1}/{repeats} {c:>16}: loader {res['loader_rate'] / 1e3:7.0f}k {res['unit']}/s, "
+                      f"stall {100 * res['stall']:5.1f} %, load {res['load']:.2f}", flush=True)
+    print()
+    print(table(results))
+    print(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    return 0
