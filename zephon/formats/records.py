@@ -13,6 +13,7 @@ from typing import NamedTuple
 SRC = "__src__"          # where the record came from: a Src, or a list of PieceRef for a row built from several
 PIECE = "__piece__"      # piece number of a long document split by Tokenize (0 for the first or only piece)
 OFFSET = "__offset__"    # tokens of a carried record already delivered (concat packing cuts documents across rows)
+DOC_OFFSETS = "__doc_offsets__"  # explain's concat rows: per piece, its first token's offset in its document
 ERROR = "__error__"      # a reader's message for a bad sample in on_error="skip" mode (the record is skipped)
 SHARD = "__shard__"      # shard file name a reader record came from (error messages, inspect)
 KEY = "__key__"          # the sample's own key (Energon / WebDataset ``__key__``, MDS and JSONL none)

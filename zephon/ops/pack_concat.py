@@ -14,10 +14,8 @@ from collections import deque
 import numpy as np
 
 from .base import Accumulator, RecordError
-from ..formats.records import OFFSET, SRC, piece_ref
+from ..formats.records import DOC_OFFSETS, OFFSET, SRC, piece_ref
 
-#: Key of an explained row (``mark_offsets``): per piece, its first token's offset in its document.
-DOC_OFFSETS = "__doc_offsets__"
 
 
 class ConcatAccumulator(Accumulator):
