@@ -15,7 +15,7 @@ REMEDY = "run `python -m compat_matrix run` (from a clean work tree) and commit 
 
 
 class NotAGitClone(RuntimeError):
-    """The directory is not a git work tree (or git is absent): freshness cannot be judged."""
+    """The directory is not a git work tree, is a shallow clone, or git is absent: freshness cannot be judged."""
 
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
@@ -28,11 +28,15 @@ def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
 def last_change(repo: Path, paths=WATCHED) -> str:
     """The full hash of the last commit reachable from HEAD that changed any of ``paths`` (repo-relative).
 
-    repo: the work tree. paths: files or folders. Raises ``NotAGitClone`` outside a git work tree,
+    repo: the work tree. paths: files or folders. Raises ``NotAGitClone`` outside a git work tree or in a shallow clone,
     RuntimeError when git finds no such commit."""
     inside = _git(repo, "rev-parse", "--is-inside-work-tree")
     if inside.returncode != 0 or inside.stdout.strip() != "true":
         raise NotAGitClone(f"{repo} is not a git work tree ({inside.stderr.strip() or inside.stdout.strip()})")
+    # A shallow clone (CI's `--depth 1`) lacks the commits the columns ran at: nothing can be judged from it.
+    if _git(repo, "rev-parse", "--is-shallow-repository").stdout.strip() == "true":
+        raise NotAGitClone(f"{repo} is a shallow clone: the history to judge the matrix by is missing "
+                           f"(`git fetch --unshallow`)")
     out = _git(repo, "log", "-1", "--format=%H", "HEAD", "--", *paths)
     if out.returncode != 0 or not out.stdout.strip():
         raise RuntimeError(f"git log found no commit changing {list(paths)} in {repo}: {out.stderr.strip()}")

@@ -286,6 +286,11 @@ def test_freshness_rule_on_a_scratch_repository(tmp_path, tmp_path_factory):
     assert freshness.stale_columns({"envs": [{"name": "n", "revision": rows}]}, tmp_path) == []
     with pytest.raises(freshness.NotAGitClone, match="not a git work tree"):
         freshness.stale_columns(mat, tmp_path_factory.mktemp("not_a_clone"))
+    shallow = tmp_path_factory.mktemp("shallow") / "c"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{tmp_path}", str(shallow)], check=True,
+                   capture_output=True)
+    with pytest.raises(freshness.NotAGitClone, match="shallow clone"):
+        freshness.stale_columns(mat, shallow)
 
 
 def test_a_layered_environment_needs_its_base_and_follows_its_stamp(tmp_path):
