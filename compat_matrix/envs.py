@@ -158,7 +158,9 @@ def build(spec: EnvSpec, root: Path, *, fresh: bool = False, log=print) -> Path:
     t0 = time.monotonic()
     with open(logfile, "w") as fh:
         for cmd in ([python, "-m", "venv", str(venv)], [str(venv / "bin" / "python"), "-m", "pip", "install", *args]):
-            if "pip" in cmd:  # the venv exists: share the CUDA runtime wheels of built siblings (shared_wheels.py)
+            # Opt-in (ZEPHON_COMPAT_SHARE_WHEELS=1, for a full disk): sharing the CUDA wheels of built siblings by
+            # hard link let a column on another CUDA line (composer's cu12) rewrite the shared files of cu13 columns.
+            if "pip" in cmd and os.environ.get("ZEPHON_COMPAT_SHARE_WHEELS") == "1":
                 link_shared(root, venv, log)
             if spec.base and "pip" in cmd:
                 # The base's packages come after this env's own on sys.path: pip installs only what differs (it never

@@ -5,6 +5,11 @@ Every column installs PyPI's torch, whose CUDA runtime libraries (``nvidia-*``, 
 versions by torch. Installed once per column they fill a small disk; linked, they cost nothing. pip sees
 the linked distributions as installed and keeps them when the version is the one it wants, else it
 uninstalls them (which only removes this environment's links) and installs its own.
+
+Hazard, hence opt-in (``ZEPHON_COMPAT_SHARE_WHEELS=1``, see ``envs.build``): a wheel of another CUDA line with
+files at the same paths (``nvidia-nccl-cu12`` and ``-cu13`` both write ``nvidia/nccl/lib/libnccl.so.2``) is written
+through the link, so a Composer column (torch 2.7, cu12) rewrote the cu13 columns' NCCL: "undefined symbol
+ncclCommResume" at ``import torch``. Use it only when every column sharing the links is on one CUDA line.
 """
 from __future__ import annotations
 
