@@ -297,7 +297,7 @@ def _run(small_corpus, tokenizer_path, runners, examples, steps, method="best_fi
     deaths = []
     try:
         run_state_machine_as_test(machine, settings=settings(
-            max_examples=examples, stateful_step_count=steps, deadline=None, database=None,
+            max_examples=examples, stateful_step_count=steps, deadline=None, database=None, derandomize=True,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
     finally:
         if "processes" in shared:
