@@ -352,7 +352,9 @@ def test_worker_and_rank_without_samples_do_not_hang(text_ds):
     ds = ze.get_val_dataset(text_ds, worker_config=wc(7, 8, 2), batch_size=1, canonical_replicas=64,
                             lane_assignment="contiguous")
     assert list(ze.get_loader(ds)) == []
-    assert time.monotonic() - t < 30
+    # A hang bound, not a speed check: alone this takes ~5 s, under a loaded CI machine up to ~40 s.
+    elapsed = time.monotonic() - t
+    assert elapsed < 300, f"a worker or rank without samples waited {elapsed:.0f} s for data that never comes"
 
 
 @pytest.mark.contract("energon.savable_loader")
