@@ -231,6 +231,17 @@ def versions() -> dict:
     return out
 
 
+def core_digest() -> str:
+    """SHA-256 (16 hex digits) of the core and adapter sources (zephon/, adapters/) as they are on disk now:
+    another engineer may change them while a long run goes on, and each process imports what it finds."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in sorted(list((REPO / "zephon").rglob("*.py")) + list((REPO / "adapters").rglob("*.py"))):
+        h.update(str(p.relative_to(REPO)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def machine() -> dict:
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
             "nproc": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "cpu": cpu_model(),

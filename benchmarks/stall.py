@@ -47,7 +47,7 @@ def _core_loader(cfg, runner):
 
 
 def _pipeline(cfg):
-    """The demo's datasets and operators (see ``zephon.cli._build_pipeline``)."""
+    """The demo's datasets and operators (see ``zephon.cli_pipeline.build_pipeline``)."""
     from zephon.formats import open_dataset
     from zephon.ops import Batch, Decode, Pack, Shuffle, Tokenize
 

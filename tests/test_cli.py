@@ -157,12 +157,13 @@ def test_verify_reads_the_energon_text_it_was_given(tmp_path, stdlib_texts, toke
     from tokenizers import Tokenizer, decoders
 
     import zephon.cli as cli
+    import zephon.cli_pipeline as cli_pipeline
 
     root, docs = _energon_text_root(str(tmp_path), stdlib_texts)
     seen = {}
     monkeypatch.setattr(cli, "cmd_verify", lambda a: seen.setdefault("args", a) and 0)
     main(["verify", "--data", root, "--tokenizer", tokenizer_path, *SMALL])
-    datasets, make_loader = cli._build_pipeline(seen["args"], tokenizer_path)
+    datasets, make_loader = cli_pipeline.build_pipeline(seen["args"], tokenizer_path)
     assert datasets[0].num_samples == len(docs)
     mb = next(iter(make_loader(1, 0, 1, "inline")))
     ids = [int(t) for t in mb["input_ids"][0][mb["attention_mask"][0].astype(bool)]]
@@ -262,5 +263,5 @@ def test_new_users_verify_mistakes_get_one_line_errors_naming_the_flag(corpus, t
                  "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "--dp 16" in err and "--dp defaults to 16" in err and "--micro-batch 1" in err
-    from zephon.cli import _special_tokens
+    from zephon.cli_pipeline import special_tokens as _special_tokens
     assert _special_tokens(tokenizer_path).endswith("e.g. --eos-token '<eos>'")  # not '<pad>', listed first

@@ -10,7 +10,8 @@ import pytest
 
 from test_explain import check_rows, delivered
 from zephon.checkpoint import merge_states
-from zephon.cli import _build_pipeline, main, main_parser
+from zephon.cli import main, main_parser
+from zephon.cli_pipeline import build_pipeline as _build_pipeline
 
 
 @pytest.fixture(scope="module")

@@ -66,7 +66,7 @@ def test_two_datasets_sharing_a_folder_are_refused_naming_both(s3, pair, tmp_pat
 
 
 def test_cli_one_local_for_several_data_gives_each_its_own_folder(s3, pair, tmp_path):
-    from zephon.cli import _open_datasets
+    from zephon.cli_pipeline import open_datasets as _open_datasets
     from zephon.cli_formats import add_format_args
     ua = s3.upload_dir(pair[(0, ())], "a")
     ub = s3.upload_dir(pair[(B_BASE, ())], "b")

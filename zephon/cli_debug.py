@@ -38,7 +38,7 @@ def verify_skip(args):
 
 def _plan(args):
     """The ``LoaderPlan`` of the CLI's pipeline flags at ``--dp`` (the demo corpus and tokenizer by default)."""
-    from .cli import _build_pipeline
+    from .cli_pipeline import build_pipeline
     from .demo_corpus import build_corpus, build_tokenizer, default_workdir
 
     tok = args.tokenizer
@@ -51,7 +51,7 @@ def _plan(args):
             args.weights = args.weights or "0.7,0.3"
     from .work import TopologyError
 
-    _, make_loader = _build_pipeline(args, tok)
+    _, make_loader = build_pipeline(args, tok)
     try:
         L = make_loader(args.dp, 0, args.micro_batch, "inline")
     except TopologyError as e:
@@ -112,12 +112,11 @@ def cmd_explain(args) -> int:
 def cmd_diff(args) -> int:
     """Compare the pipeline of the flags with the same flags plus ``--against``'s: the first differing global step,
     documents moved per dataset (table, or ``--json``)."""
-    from .cli import main_parser
     from .engine.diff import compare_plans
 
     old = _plan(args)
     against = shlex.split(args.against)
-    new = _plan(main_parser().parse_args(_without_against(args.argv, against) + against))
+    new = _plan(args.parser.parse_args(_without_against(args.argv, against) + against))
     report = compare_plans(old, new, args.compare_steps, state=_load(args.checkpoint))
     if args.json:
         print(json.dumps(report, indent=1))

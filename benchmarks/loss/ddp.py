@@ -51,7 +51,7 @@ def _rank_job(rank: int, world: int, init_file: str, spec: dict) -> None:
         # The simulation of the same ranks in this same process: the very code the DDP ranks ran (the core
         # may change on disk while a long benchmark runs; a process started later would import the change).
         from .data import heldout
-        from .run import core_digest
+        from ..common import core_digest
 
         sim = train(make_peer(spec["name"], spec["m"], s), s, heldout(spec["m"]), world, stop=spec["steps"]).losses
         with open(spec["out"], "w") as fh:

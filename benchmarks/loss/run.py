@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-from ..common import REPO, machine, run_child
+from ..common import REPO, core_digest, machine, run_child
 from .experiment import FULL, QUICK, Settings, run_peer
 
 
@@ -30,17 +30,6 @@ def _settings(cfg: dict) -> Settings:
     from .model import ModelConfig
 
     return Settings(**dict(cfg, model=ModelConfig(**cfg["model"])))
-
-
-def core_digest() -> str:
-    """SHA-256 (16 hex digits) of the core and adapter sources (zephon/, adapters/) as they are on disk now:
-    another engineer may change them while a long run goes on, and each process imports what it finds."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for p in sorted(list((REPO / "zephon").rglob("*.py")) + list((REPO / "adapters").rglob("*.py"))):
-        h.update(str(p.relative_to(REPO)).encode() + b"\0" + p.read_bytes())
-    return h.hexdigest()[:16]
 
 
 def child_peer(cfg: dict) -> dict:

@@ -13,9 +13,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from .skips import SKIPS_KEY
-
 FORMAT = "zephon-checkpoint/1"
+SKIPS_KEY = "skips"  # the config key of the skipped step ranges (``checkpoint.skips``)
 LANE_KEYS = ("lane", "sentinel_chunk", "sentinel_offset", "replay_cursor", "delivered_rows")
 #: Optional lane entry key: ``{chain index (str): [[ref, ...] per open bin]}``, a ref being a stream
 #: position (int), ``[position, piece]`` or ``[position, piece, token offset]`` (a document concat packing cut

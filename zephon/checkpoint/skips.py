@@ -11,7 +11,7 @@ them. See docs/debugging.md.
 """
 from __future__ import annotations
 
-SKIPS_KEY = "skips"
+from .schema import FORMAT, SKIPS_KEY
 
 
 def check_skip(skip) -> tuple[int, int]:
@@ -107,8 +107,6 @@ def skip_in_state(state, skip_steps):
     host skips them, as ``Loader.restore(state, skip_steps=...)`` does. Only ``config.skips`` changes (outside
     the fingerprint and the lane digest). Raises ``ValueError`` for a malformed skip, one that starts before a
     checkpoint's step (naming it) or a state holding no checkpoint."""
-    from .schema import FORMAT
-
     many = isinstance(skip_steps, (list, tuple)) and bool(skip_steps) and isinstance(skip_steps[0], (list, tuple))
     ranges = [check_skip(s) for s in (skip_steps if many else [skip_steps])]
     found = []
