@@ -52,7 +52,8 @@ class Tail:
         every ready lane in lane order, then ``j + 1``. ``generation``: the Loader's iteration this belongs to
         (a newer ``iter()`` or ``restore()`` makes this one raise ``RuntimeError``)."""
         plan = self.loader.plan
-        pad = plan.finite and not plan.batch.drop_last and plan.pad_tail  # every lane fills every step
+        # every lane fills every step (Batch(short_last=True): only real rows, the last steps short)
+        pad = plan.finite and not plan.batch.drop_last and plan.pad_tail and not plan.batch.short_last
         self.steps_done = 0
         while True:
             chosen = self._next_step(pad)
