@@ -26,6 +26,7 @@ _BLOCK = 1 << 18  # positions resolved at once while summing sizes
 #: packer's own slack plus the fit's error; a lane planned at 100% would spill a nearly empty row).
 FIT_SAMPLES = 4096
 ROW_FILL = 0.997
+ROW_LIMIT = 0.999  # a lane's tokens at most this share of its rows: the packer's own slack in its last rows
 
 
 def size_table(datasets) -> list[tuple[np.ndarray, np.ndarray]] | None:
@@ -76,9 +77,11 @@ def balanced_bounds(source, full: int) -> tuple[int, int, np.ndarray] | None:
     if table is None:
         return None
     sizes = position_sizes(source, table, 0, total)
-    weights = np.ones(C)
+    weights, limit = np.ones(C), np.full(C, np.inf)
     if getattr(source, "rows", None) is not None:  # packed rows: estimated tokens, targets of whole rows
         sizes, weights = row_targets(source, sizes)
+        if sizes.dtype.kind == "f":  # a lane never gets more tokens than its rows hold (a spill: a near-empty row)
+            limit = weights * source.rows[0] * ROW_LIMIT
     targets = sizes.sum() * weights / weights.sum()
     # bytes of each lane after each whole round; kept: the most whole rounds (all but the last at most) that leave
     # no lane above its target, so the rest can bring every lane up to it (a huge document reaches back)
@@ -94,7 +97,8 @@ def balanced_bounds(source, full: int) -> tuple[int, int, np.ndarray] | None:
         left = cum[n] - cum[at] + lane_bytes[lane:].sum()
         want = cum[at] + max(left * weights[lane] / weights[lane:].sum() - lane_bytes[lane], 0)
         k = int(np.clip(np.searchsorted(cum, want), at + 1, n)) if at < n else n
-        k -= k > at and want - cum[k - 1] < cum[k] - want  # the nearer of the two boundaries
+        k -= k > at and (want - cum[k - 1] < cum[k] - want  # the nearer of the two boundaries, unless past the limit
+                         or cum[k] - cum[at] + lane_bytes[lane] > limit[lane])
         if not kept:  # no whole round kept: every lane keeps at least one position of the region
             k = min(max(k, at + 1), n - (C - 1 - lane))
         bounds.append(k)
@@ -115,7 +119,8 @@ def row_targets(source, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     design = np.stack([sizes[at].astype(np.float64), np.ones(len(at))], axis=1)
     (slope, offset), *_ = np.linalg.lstsq(design, tokens, rcond=None)  # tokens ~ slope x bytes + offset
     est = np.maximum(slope * sizes + offset, 0.0)
-    n = int(np.ceil(est.sum() / (row_tokens * ROW_FILL)))
+    # rows at ROW_FILL, plus a document of room per lane (its segment ends on a whole document)
+    n = int(np.ceil((est.sum() + C * est.mean()) / (row_tokens * ROW_FILL)))
     if n < C or not np.isfinite(est.sum()):
         return sizes, np.ones(C)
     # q rows per lane, the n - q * C extra ones on lanes spread evenly (lane l when floor((l + 1) r / C) steps up)
