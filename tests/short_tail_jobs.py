@@ -12,15 +12,17 @@ from torch_jobs import _leave
 MAX_LEN = 512
 
 
-def short_ops():
-    """The packed finite pass of the short-tail tests: bytes tokens, ``Pack(512)``, 2 rows per micro-batch."""
+def short_ops(micro: int = 2):
+    """The packed finite pass of the short-tail tests: bytes tokens, ``Pack(512)``, ``micro`` rows per micro-batch."""
     from zephon import Batch, Decode, Pack, Tokenize
 
     return [Decode(), Tokenize("bytes", eos_id="<eos>", max_length=MAX_LEN), Pack(MAX_LEN),
-            Batch(2, drop_last=False, short_last=True)]
+            Batch(micro, drop_last=False, short_last=True)]
 
 
-LOADER = dict(canonical_replicas=8, global_batch_size=32, chunk_size=16, exhaustion="stop", seed=0)
+def loader_kw(micro: int = 2) -> dict:
+    """The Loader keywords beside the ops: 8 lanes, ``2 x micro`` rows per lane step."""
+    return dict(canonical_replicas=8, global_batch_size=16 * micro, chunk_size=16, exhaustion="stop", seed=0)
 
 
 def row_docs(ids, mask, pos) -> tuple:
@@ -42,16 +44,17 @@ def row_docs(ids, mask, pos) -> tuple:
 def short_tail_job(rank, world, init_file, spec):
     """One rank of a packed finite pass with ``Batch(short_last=True)`` through ``zephon_torch.DataLoader``, in a
     DDP-shaped loop (an ``all_reduce`` after every batch; a short timeout so a rank left waiting fails the test).
-    ``spec``: path, num_workers, load (a state file or None), save_at (save the merged state after the batch of
-    this step and micro-batch 1: ``[step, path]``, or None). Rank 0 writes every rank's batches as ``(step, micro,
-    rows, trailing shape, tokens, [(lane, docs), ...])`` to ``spec["out"]``."""
+    ``spec``: path, micro (rows per micro-batch), num_workers, load (a state file or None), save_at (save the
+    merged state after the batch of this step and micro-batch: ``[step, micro, path]``, or None). Rank 0 writes
+    every rank's batches as ``(step, micro, rows, shape after rows, tokens, [(lane, docs, tokens), ...])`` to
+    ``spec["out"]``."""
     import zephon_torch
     from zephon import open_dataset
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
-    ds = zephon_torch.ZephonIterableDataset([open_dataset(spec["path"])], short_ops(), dp_degree=world,
-                                            dp_rank=rank, **LOADER)
+    ds = zephon_torch.ZephonIterableDataset([open_dataset(spec["path"])], short_ops(spec["micro"]), dp_degree=world,
+                                            dp_rank=rank, **loader_kw(spec["micro"]))
     dl = zephon_torch.DataLoader(ds, num_workers=spec["num_workers"])
     if spec.get("load"):
         with open(spec["load"]) as fh:
@@ -60,13 +63,13 @@ def short_tail_job(rank, world, init_file, spec):
     for mb in dl:
         ids, mask, pos, lanes = mb["input_ids"], mb["attention_mask"], mb["position_ids"], mb["__lane__"].tolist()
         batches.append((int(mb["__step__"]), int(mb["__micro__"]), len(ids), list(ids.shape[1:]), int(mask.sum()),
-                        [(lane, row_docs(ids[i].tolist(), mask[i].tolist(), pos[i].tolist()))
+                        [(lane, row_docs(ids[i].tolist(), mask[i].tolist(), pos[i].tolist()), int(mask[i].sum()))
                          for i, lane in enumerate(lanes)]))
         dist.all_reduce(torch.ones(1))  # what DDP does every step
-        if spec.get("save_at") and batches[-1][:2] == (spec["save_at"][0], 1):
+        if spec.get("save_at") and list(batches[-1][:2]) == spec["save_at"][:2]:
             state = dl.state_dict()  # a collective: the merged state
             if rank == 0:
-                with open(spec["save_at"][1], "w") as fh:
+                with open(spec["save_at"][2], "w") as fh:
                     json.dump(state, fh)
     gathered = [None] * world if rank == 0 else None
     dist.gather_object(batches, gathered, dst=0)

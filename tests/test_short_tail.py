@@ -10,13 +10,14 @@ import json
 import math
 import os
 import sys
+import tempfile
 import warnings
 from collections import Counter, defaultdict
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from short_tail_jobs import LOADER, MAX_LEN, row_docs, short_ops  # noqa: E402
+from short_tail_jobs import loader_kw, row_docs, short_ops, short_tail_job  # noqa: E402
 from test_pass_end import write_docs  # noqa: E402
 
 DOCS = 2500
@@ -29,7 +30,7 @@ def corpus(tmp_path_factory):
     return str(path), sum(lengths) + len(lengths)  # tokens: bytes + one EOS per document
 
 
-def run(path, dp: int, state=None, stop=None):
+def run(path, dp: int, state=None, stop=None, micro: int = 2):
     """Every row of every rank of a core ``Loader`` run at ``dp``: ``(step, lane, micro, documents)``; and the
     merged checkpoint when ``stop(mb)`` ended each rank after that micro-batch."""
     from zephon import Loader, merge_states, open_dataset
@@ -38,19 +39,41 @@ def run(path, dp: int, state=None, stop=None):
     for rank in range(dp):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            L = Loader([open_dataset(path)], short_ops(), dp_degree=dp, dp_rank=rank, runner="inline", **LOADER)
+            L = Loader([open_dataset(path)], short_ops(micro), dp_degree=dp, dp_rank=rank, runner="inline",
+                       **loader_kw(micro))
         if state is not None:
             L.restore(state)
         for mb in L:
-            assert "__pad__" not in mb and 0 < len(mb["input_ids"]) <= 2
+            assert "__pad__" not in mb and 0 < len(mb["input_ids"]) <= micro
             for ids, mask, pos in zip(mb["input_ids"], mb["attention_mask"], mb["position_ids"]):
                 assert mask.any(), "an all-padding row was delivered"
-                rows.append((mb["__step__"], mb["__lane__"], mb["__micro__"], int(mask.sum()), row_docs(ids, mask, pos)))
+                rows.append((mb["__step__"], mb["__lane__"], mb["__micro__"], int(mask.sum()),
+                             row_docs(ids, mask, pos)))
             if stop is not None and stop(mb):
                 break
         states.append(L.checkpoint())
         L.close()
     return rows, (json.loads(json.dumps(merge_states(states))) if stop is not None else None)
+
+
+def host_state(path, dp: int, upto: tuple) -> dict:
+    """The merged checkpoint of ``dp`` host ranks (``RankSession``s in this process, so no vote) after each
+    consumed its batches up to (step, micro) ``upto`` (a rank whose lanes ended before: all of them)."""
+    from zephon import merge_states, open_dataset
+    from zephon.host import RankSession
+
+    states = []
+    for rank in range(dp):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            s = RankSession.from_config([open_dataset(path)], short_ops(1), dp_degree=dp, dp_rank=rank,
+                                        **loader_kw(1))
+        s.begin()
+        for group in s.ordered_groups(s.worker_items()):
+            if (group[0][0]["step"], group[0][0]["micro"]) >= upto:
+                break
+        states.append(s.rank_state())
+    return json.loads(json.dumps(merge_states(states)))
 
 
 def test_short_tail_delivers_each_document_once_with_the_same_global_batches_at_dp_1_2_4(corpus):
@@ -85,12 +108,10 @@ def test_short_tail_checkpoint_in_the_last_steps_resumes_exactly(corpus):
 @pytest.mark.parametrize("lanes", [8, 64])
 def test_short_tail_packed_pass_wastes_under_one_percent(lanes):
     """12,000 lognormal documents, ``Pack(2048)``, one row per lane per step: with the short tail no all-padding
-    row, every token delivered, and rows within 1% of ceil(tokens / 2048) (the padded tail at 64 lanes pays a
-    whole step: ~9% here)."""
-    from test_pass_end import lognormal as _  # noqa: F401  (the module's corpus shape, rebuilt below)
+    row, every token delivered, and rows within 1% of ceil(tokens / 2048) (a padded tail pays up to a whole step
+    of rows: 64 here)."""
     from zephon import Batch, Decode, Loader, Pack, Tokenize, open_dataset
 
-    import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "docs.jsonl")
         tokens = sum(n + 1 for n in write_docs(path, 12_000))
@@ -109,4 +130,41 @@ def test_short_tail_packed_pass_wastes_under_one_percent(lanes):
     assert got == tokens
     assert rows <= math.ceil(tokens / 2048 / 0.99), (rows, tokens / 2048)
     assert per_step[max(per_step)] < lanes  # the last step is short
-    assert MAX_LEN == 512
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_short_tail_over_gloo_ranks_gives_a_rank_without_rows_an_empty_batch(corpus, tmp_path, workers):
+    """Real gloo ranks through ``zephon_torch.DataLoader`` (``workers`` host workers each), an ``all_reduce`` after every
+    batch (a rank that ended early would fail it), one row per micro-batch and two per lane step, resumed at dp 4
+    from a dp=2 host checkpoint taken at the end of the second-to-last step: every rank yields the same (step, micro)
+    batches, which together hold exactly the rest of the uninterrupted dp=1 core run; a rank whose lanes have no
+    row in a (step, micro) gets a 0-row batch of the right trailing shape there."""
+    pytest.importorskip("torch")
+    pytest.importorskip("zephon_torch")
+    from torch_jobs import spawn
+
+    path, _ = corpus
+    ref = defaultdict(list)
+    for step, lane, micro, tokens, docs in run(path, 1, micro=1)[0]:
+        ref[step, micro].append((lane, docs, tokens))
+    ref = {k: sorted(v) for k, v in ref.items()}
+    keys = sorted(ref)
+    last = keys[-1][0]
+    # the corpus is such that at dp 4 (two lanes per rank) some rank holds no row of the last step
+    assert {x[0] // 2 for k in keys if k[0] == last for x in ref[k]} != {0, 1, 2, 3}, keys[-3:]
+    with open(tmp_path / "state.json", "w") as fh:
+        json.dump(host_state(path, 2, (last - 1, 1)), fh)
+    b = spawn(short_tail_job, 4, str(tmp_path), {"path": path, "micro": 1, "num_workers": workers,
+                                                 "load": str(tmp_path / "state.json"), "save_at": None})
+    rest = [k for k in keys if k > (last - 1, 1)]
+    got = defaultdict(list)
+    for r in b:
+        assert [tuple(x[:2]) for x in r] == rest
+        for step, micro, n, shape, _, rows in r:
+            assert n == len(rows) and shape == [512]
+            assert all(tokens > 0 for *_, tokens in rows), "an all-padding row was delivered"
+            got[step, micro].extend((lane, tuple(docs), tokens) for lane, docs, tokens in rows)
+    assert {k: sorted(v) for k, v in got.items()} == {k: ref[k] for k in rest}
+    empty = {(rank, tuple(x[:2])) for rank, r in enumerate(b) for x in r if x[2] == 0}
+    assert empty and empty == {(rank, k) for rank in range(4) for k in rest
+                               if not any(x[0] // 2 == rank for x in ref[k])}, empty

@@ -152,7 +152,8 @@ def short_steps(groups, lanes, cursors, rows_per_lane_step: int, micro_batch_siz
     cursors: the rank's ``LaneCursor``s at the start; empty(lane, step, micro, state) -> ``(meta, payload)``: a
     0-row micro-batch charged to ``lane``, whose checkpoint entry becomes ``state`` (its cursor past the
     micro-batch, so a resume does not deliver it again). share: as ``padded_steps``. Where the job resumes is
-    voted too (the furthest lane of any rank: a rank whose lanes all ended earlier starts where the others do)."""
+    voted too: from the earliest lane of any rank (lanes behind deliver first), with empty items only from the
+    furthest one on (a rank whose lanes all ended earlier joins where the others are)."""
     it = itertools.chain(groups, [None])
     group = next(it)
     m, state = micro_batch_size, {c.lane: c for c in cursors}
@@ -162,12 +163,13 @@ def short_steps(groups, lanes, cursors, rows_per_lane_step: int, micro_batch_siz
 
     def done(lane):  # micro-batches of the lane's stream delivered (a short one counts whole)
         return -(-state[lane].delivered_rows // m)
+    first = -agreement.most(-min((done(lane) for lane in lanes), default=0))
     start = agreement.most(max((done(lane) for lane in lanes), default=0))
-    step = start // micros
+    step = first // micros
     while True:
         buffered, group = _take_step(it, group, step)
         count = agreement.most(max((micro - block[0] + 1 for micro in buffered), default=0))
-        if not count:
+        if not count and (step + 1) * micros > start:
             return
         for micro in block[:count]:
             items = buffered.get(micro, ())
