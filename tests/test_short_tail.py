@@ -136,9 +136,10 @@ def test_short_tail_packed_pass_wastes_under_one_percent(lanes):
 def test_short_tail_over_gloo_ranks_gives_a_rank_without_rows_an_empty_batch(corpus, tmp_path, workers):
     """Real gloo ranks through ``zephon_torch.DataLoader`` (``workers`` host workers each), an ``all_reduce``
     after every batch (a rank that ended early would fail it), one row per micro-batch and two per lane step,
-    resumed at dp 4 from a dp=2 host checkpoint taken at the end of the second-to-last step: every rank yields the same (step, micro)
-    batches, which together hold exactly the rest of the uninterrupted dp=1 core run; a rank whose lanes have no
-    row in a (step, micro) gets a 0-row batch of the right trailing shape there."""
+    resumed at dp 4 from a dp=2 host checkpoint taken at the end of the second-to-last step: every rank yields
+    the same (step, micro) batches, which together hold exactly the rest of the uninterrupted dp=1 core run; a
+    rank whose lanes have no row in a (step, micro) gets a 0-row batch of the right trailing shape there.
+    ``-m slow`` adds the run with 2 host workers per rank (their items reassembled)."""
     pytest.importorskip("torch")
     pytest.importorskip("zephon_torch")
     from torch_jobs import spawn
