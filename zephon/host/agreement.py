@@ -40,8 +40,9 @@ class StepAgreement:
             initialised process group only this process votes.
     ``agree(complete, any_rank=False) -> bool``: True when every rank's ``complete`` is True (with
     ``any_rank``: when some rank's is); ``most(n) -> int``: the largest ``n`` of any rank. A collective under
-    torch.distributed: every rank calls it once per step, in the same order. The vote runs on ``group`` when it is a gloo group; only without gloo (NCCL) is a gloo
-    side group made, on the first call (itself a collective over ``group``'s ranks)."""
+    torch.distributed: every rank calls it once per step, in the same order. The vote runs on ``group`` when
+    it is a gloo group; only without gloo (NCCL) is a gloo side group made, on the first call (itself a
+    collective over ``group``'s ranks)."""
 
     def __init__(self, group=None):
         self.group = group
