@@ -7,7 +7,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from torch_jobs import _leave
+from torch_jobs import _leave, gather_json
 
 MAX_LEN = 512
 
@@ -44,8 +44,7 @@ def row_docs(ids, mask, pos) -> tuple:
 def short_tail_job(rank, world, init_file, spec):
     """One rank of a packed finite pass with ``Batch(short_last=True)`` through ``zephon_torch.DataLoader``, in a
     DDP-shaped loop (an ``all_reduce`` after every batch; a short timeout so a rank left waiting fails the test).
-    ``spec``: path, micro (rows per micro-batch), num_workers, load (a state file or None), save_at (save the
-    merged state after the batch of this step and micro-batch: ``[step, micro, path]``, or None). Rank 0 writes
+    ``spec``: path, micro (rows per micro-batch), num_workers, load (a state file or None). Rank 0 writes
     every rank's batches as ``(step, micro, rows, shape after rows, tokens, [(lane, docs, tokens), ...])`` to
     ``spec["out"]``."""
     import zephon_torch
@@ -66,15 +65,6 @@ def short_tail_job(rank, world, init_file, spec):
                         [(lane, row_docs(ids[i].tolist(), mask[i].tolist(), pos[i].tolist()), int(mask[i].sum()))
                          for i, lane in enumerate(lanes)]))
         dist.all_reduce(torch.ones(1))  # what DDP does every step
-        if spec.get("save_at") and list(batches[-1][:2]) == spec["save_at"][:2]:
-            state = dl.state_dict()  # a collective: the merged state
-            if rank == 0:
-                with open(spec["save_at"][2], "w") as fh:
-                    json.dump(state, fh)
-    gathered = [None] * world if rank == 0 else None
-    dist.gather_object(batches, gathered, dst=0)
-    if rank == 0:
-        with open(spec["out"], "w") as fh:
-            json.dump(gathered, fh)
+    gather_json(rank, world, batches, spec["out"])
     del dl
     _leave()

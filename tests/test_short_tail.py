@@ -156,7 +156,7 @@ def test_short_tail_over_gloo_ranks_gives_a_rank_without_rows_an_empty_batch(cor
     with open(tmp_path / "state.json", "w") as fh:
         json.dump(host_state(path, 2, (last - 1, 1)), fh)
     b = spawn(short_tail_job, 4, str(tmp_path), {"path": path, "micro": 1, "num_workers": workers,
-                                                 "load": str(tmp_path / "state.json"), "save_at": None})
+                                                 "load": str(tmp_path / "state.json")})
     rest = [k for k in keys if k > (last - 1, 1)]
     got = defaultdict(list)
     for r in b:
