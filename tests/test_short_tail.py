@@ -7,7 +7,6 @@ are compared with an uninterrupted dp=1 core ``Loader`` run.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import tempfile
@@ -105,11 +104,11 @@ def test_short_tail_checkpoint_in_the_last_steps_resumes_exactly(corpus):
         assert not set(head) & set(tail)
 
 
-@pytest.mark.parametrize("lanes", [8, 64])
-def test_short_tail_packed_pass_wastes_under_one_percent(lanes):
+@pytest.mark.parametrize("lanes,waste", [(8, 0.005), (64, 0.01)])
+def test_short_tail_packed_pass_wastes_under_the_issue_goal(lanes, waste):
     """12,000 lognormal documents, ``Pack(2048)``, one row per lane per step: with the short tail no all-padding
-    row, every token delivered, and rows within 1% of ceil(tokens / 2048) (a padded tail pays up to a whole step
-    of rows: 64 here)."""
+    row, every token delivered, and padded tokens at most 0.5% of the rows' at 8 lanes, 1% at 64 (issue 27's goal;
+    a padded tail pays up to a whole step of rows: 64 here)."""
     from zephon import Batch, Decode, Loader, Pack, Tokenize, open_dataset
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -128,7 +127,7 @@ def test_short_tail_packed_pass_wastes_under_one_percent(lanes):
                 got += int(n.sum())
                 per_step[mb["__step__"]] += len(n)
     assert got == tokens
-    assert rows <= math.ceil(tokens / 2048 / 0.99), (rows, tokens / 2048)
+    assert 1 - tokens / (rows * 2048) <= waste, (rows, tokens / 2048)
     assert per_step[max(per_step)] < lanes  # the last step is short
 
 
