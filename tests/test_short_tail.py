@@ -7,6 +7,7 @@ are compared with an uninterrupted dp=1 core ``Loader`` run.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import tempfile
@@ -168,3 +169,37 @@ def test_short_tail_over_gloo_ranks_gives_a_rank_without_rows_an_empty_batch(cor
     empty = {(rank, tuple(x[:2])) for rank, r in enumerate(b) for x in r if x[2] == 0}
     assert empty and empty == {(rank, k) for rank in range(4) for k in rest
                                if not any(x[0] // 2 == rank for x in ref[k])}, empty
+
+
+@pytest.mark.parametrize("seed,exhaustion", [(2, "stop"), (8, "stop"), (3, "fill")])
+def test_whole_row_split_covers_every_position_once_on_whole_rows(tmp_path, seed, exhaustion):
+    """``WorkSource(split="size", rows=...)`` at 16 lanes, rows of 512 tokens, with the true token counts (text
+    bytes + EOS, read here from the file): every position in exactly one chunk of one lane, and the lanes' rows
+    (ceil(tokens / 512)) no more than the documented plan's (docs/concepts.md): no lane spills a row (seeds 2 and
+    8 gave the last lane the greedy cut's rounding, a row more, before it was pushed back)."""
+    import numpy as np
+
+    from zephon import open_dataset
+    from zephon.work import WorkSource
+
+    path = str(tmp_path / "docs.jsonl")
+    write_docs(path, 1500, seed=seed, median=120)
+    texts = [json.loads(line)["text"] for line in open(path, encoding="utf-8")]
+    true = np.array([len(t.encode()) + 1 for t in texts], dtype=np.float64)
+
+    def tokens_of(ptrs):
+        return true[ptrs.sample_idx]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        src = WorkSource([open_dataset(path)], canonical_replicas=16, chunk_size=16, exhaustion=exhaustion,
+                         fill_multiple=64, split="size", rows=(512, tokens_of))
+    chunks = [src.chunk(lane, c) for lane in range(16) for c in range(src.num_chunks(lane))]
+    assert sorted(p for c in chunks for p in c.positions.tolist()) == list(range(src.total_positions))
+    lane_tokens = [sum(true[c.sample_idx].sum() for c in chunks if c.lane == lane) for lane in range(16)]
+    # the documented plan (docs/concepts.md): the pass's tokens plus a document per lane in rows at 99.7% fill,
+    # q or q + 1 per lane, the r extra ones on lanes spread evenly; a lane past its rows spills a near-empty row
+    tokens = sum(lane_tokens)  # a fill pass's repeats included
+    q, r = divmod(math.ceil((tokens + 16 * tokens / src.total_positions) / (512 * 0.997)), 16)
+    planned = [q + ((lane + 1) * r // 16 > lane * r // 16) for lane in range(16)]
+    over = [(lane, round(t / 512, 2), planned[lane]) for lane, t in enumerate(lane_tokens) if t > planned[lane] * 512]
+    assert not over, over

@@ -103,7 +103,23 @@ def balanced_bounds(source, full: int) -> tuple[int, int, np.ndarray] | None:
             k = min(max(k, at + 1), n - (C - 1 - lane))
         bounds.append(k)
         at = k
-    return kept, start, np.array(bounds + [n], dtype=np.int64)
+    bounds = np.array(bounds + [n], dtype=np.int64)
+    if np.isfinite(limit).all():
+        _push_back(bounds, cum, lane_bytes, limit, 1 if not kept else 0)
+    return kept, start, bounds
+
+
+def _push_back(bounds: np.ndarray, cum: np.ndarray, lane_bytes: np.ndarray, limit: np.ndarray, least: int) -> None:
+    """Right to left, move a lane's first documents to the lane before while it is past its limit (the greedy cut
+    leaves each lane's rounding to the next, and the last lane has no next): the excess ends in lanes with room.
+    bounds: the region's cuts (changed in place); least: positions each lane keeps."""
+    for lane in range(len(limit) - 1, 0, -1):
+        total = cum[bounds[lane + 1]] - cum[bounds[lane]] + lane_bytes[lane]
+        if total <= limit[lane]:
+            continue
+        # the fewest first documents whose move brings the lane within its limit (all it can give, at most)
+        k = int(np.searchsorted(cum, cum[bounds[lane]] + total - limit[lane], side="left"))
+        bounds[lane] = min(max(k, bounds[lane]), bounds[lane + 1] - least)
 
 
 def row_targets(source, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
