@@ -12,8 +12,8 @@ Packed rows (``WorkSource(rows=...)``): the sizes become estimated tokens (a lin
 ``max_length`` tokens, and lane ``l``'s target is its whole rows' share (``q`` or ``q + 1`` of them, the extra
 rows spread evenly over the lanes), never more than ``ROW_LIMIT`` of its rows (a lane past it after the cut
 hands its first documents to the lane before, right to left): lanes end on full rows, not on a tenth of one,
-and the pass's last step holds only the lanes with an extra row. Without rows each lane's target is an equal share. A pure function of
-the config and the data: the same for every dp degree. See docs/concepts.md ("finite passes").
+and the pass's last step holds only the lanes with an extra row. Without rows each lane's target is an equal
+share. A pure function of the config and the data: the same for every dp degree. See docs/concepts.md ("finite passes").
 """
 from __future__ import annotations
 
