@@ -2,12 +2,15 @@
 
 Corpus: ``DOCS`` short documents with lognormal lengths (median ~80 bytes, mean ~100, a long tail), made
 deterministically from a seed; ``tokenizer="bytes"`` so a document's tokens are its UTF-8 bytes plus EOS.
-One pass (``exhaustion="stop"``), ``Pack(2048)``, ``Batch(1)`` per lane (one row per lane per step). With
-``drop_last=False``: ``waste %`` = padded tokens of every delivered row (padding rows included) / delivered
-row tokens; with ``drop_last=True``: the rows dropped and the tokens they held. ``bound`` =
-ceil(tokens / 2048), the fewest rows any packer can use; ``step bound``: that rounded up to whole steps (a
-multiple of the lane count), the fewest rows any split can deliver without dropping. ``before``: the count split
-(ALGORITHM_VERSION 2, reproduced by switching the size split off); ``after``: the size split (work/balance.py).
+One pass (``exhaustion="stop"``), ``Pack(2048)``, ``Batch(1)`` per lane (one row per lane per step), with three
+tails: ``pad`` (``drop_last=False``: the last step padded on every lane, the default), ``short``
+(``Batch(drop_last=False, short_last=True)``: only real rows, the last step short) and ``drop``
+(``drop_last=True``). ``waste %`` = padded tokens of every delivered row (padding rows included) / delivered
+row tokens; with ``drop``: the rows dropped and the tokens they held. ``bound`` = ceil(tokens / 2048), the
+fewest rows any packer can use; ``step bound``: that rounded up to whole steps (a multiple of the lane count),
+the fewest rows a padded tail can deliver. ``split``: ``count`` (ALGORITHM_VERSION 2), ``size`` (3: equal bytes
+per lane), ``whole rows`` (4: whole rows per lane; the short and dropped tails), earlier ones reproduced by
+switching the later ones off (work/balance.py, engine/rowsplit.py).
 
     python -m benchmarks --only pass-end [--quick]
 
@@ -47,19 +50,29 @@ def write_corpus(path: str, docs: int = DOCS, seed: int = 0) -> list[int]:
     return lengths.tolist()
 
 
-def one_pass(path: str, lanes: int, drop_last: bool, split: str = "size") -> dict:
-    """One finite packed pass at ``lanes`` lanes: rows (real and padding), real tokens, dropped rows/tokens.
-    split: ``"size"`` (now) or ``"count"`` (before: ALGORITHM_VERSION 2, the size split switched off)."""
+#: (tail, split) runs per lane count. tail: "pad" (drop_last=False, the default), "short" (drop_last=False,
+#: short_last=True), "drop" (drop_last=True). split: "count" (ALGORITHM_VERSION 2), "size" (3: equal bytes per
+#: lane), "rows" (4: whole rows per lane, which the short and dropped tails use; the padded tail keeps "size").
+RUNS = [("pad", "count"), ("pad", "size"), ("short", "rows"), ("drop", "count"), ("drop", "size"), ("drop", "rows")]
+LABELS = {"count": "count (v2)", "size": "size (v3)", "rows": "whole rows (v4)"}
+
+
+def one_pass(path: str, lanes: int, tail: str, split: str = "rows") -> dict:
+    """One finite packed pass at ``lanes`` lanes: rows (real and padding), real tokens, dropped rows.
+    tail: "pad", "short" or "drop" (``RUNS``); split: "count", "size" or "rows" (earlier splits reproduced by
+    switching the later ones off)."""
     from unittest import mock
 
     from zephon import Batch, Decode, Loader, Pack, Tokenize, open_dataset
 
-    ops = [Decode(), Tokenize("bytes", eos_id="<eos>", max_length=MAX_LEN), Pack(MAX_LEN),
-           Batch(1, drop_last=drop_last)]
+    batch = Batch(1, drop_last=tail == "drop", short_last=tail == "short")
+    ops = [Decode(), Tokenize("bytes", eos_id="<eos>", max_length=MAX_LEN), Pack(MAX_LEN), batch]
     rows = pad_rows = tokens = 0
-    # before: the size split switched off, which leaves the count split of ALGORITHM_VERSION 2 unchanged
-    off = contextlib.nullcontext() if split == "size" else mock.patch("zephon.work.balance.balanced_bounds",
-                                                                      lambda *a: None)
+    off = contextlib.ExitStack()
+    if split != "rows":  # v3: no whole-row plan
+        off.enter_context(mock.patch("zephon.engine.plan.row_split", lambda *a: None))
+    if split == "count":  # v2: the size split switched off too
+        off.enter_context(mock.patch("zephon.work.balance.balanced_bounds", lambda *a: None))
     with off, Loader([open_dataset(path)], ops, canonical_replicas=lanes, exhaustion="stop", runner="inline") as L:
         for mb in L:
             pad_rows += mb.get("__pad__", 0)
@@ -70,7 +83,7 @@ def one_pass(path: str, lanes: int, drop_last: bool, split: str = "size") -> dic
 
 
 def run(workdir: str, quick: bool, log=print) -> list[dict]:
-    """The table's rows: per lane count and drop_last, the pass's rows and waste."""
+    """The table's rows: per lane count, tail and split, the pass's rows and waste."""
     root = Path(workdir) / "pass-end"
     root.mkdir(parents=True, exist_ok=True)
     docs = DOCS // 5 if quick else DOCS
@@ -79,12 +92,12 @@ def run(workdir: str, quick: bool, log=print) -> list[dict]:
     total = sum(lengths) + len(lengths)  # bytes + one EOS each
     bound = -(-total // MAX_LEN)
     out = []
-    for lanes, drop_last, split in itertools.product(LANES, (False, True), ("count", "size")):
-        r = one_pass(path, lanes, drop_last, split)
-        row = {"lanes": lanes, "drop_last": drop_last, "split": "before (count)" if split == "count" else
-               "after (size)", "documents": docs, "tokens": total, "bound": bound,
-               "step bound": lanes * -(-bound // lanes), "rows": r["rows"], "padding rows": r["pad_rows"]}
-        if drop_last:
+    for lanes, (tail, split) in itertools.product(LANES, RUNS):
+        r = one_pass(path, lanes, tail, split)
+        row = {"lanes": lanes, "tail": tail, "split": LABELS[split], "documents": docs, "tokens": total,
+               "bound": bound, "step bound": lanes * -(-bound // lanes), "rows": r["rows"],
+               "padding rows": r["pad_rows"]}
+        if tail == "drop":
             row["dropped rows"] = r["dropped_rows"]
             row["dropped tokens %"] = round(100 * (1 - r["tokens"] / total), 3)
         else:
@@ -96,7 +109,7 @@ def run(workdir: str, quick: bool, log=print) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     """Markdown table of ``run``'s rows."""
-    cols = ["lanes", "drop_last", "split", "rows", "bound", "step bound", "padding rows",
+    cols = ["lanes", "tail", "split", "rows", "bound", "step bound", "padding rows",
             "waste %", "dropped rows", "dropped tokens %"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]

@@ -162,13 +162,18 @@ def uneven_tail_job(rank, world, init_file, spec):
         dist.all_reduce(torch.ones(1))  # what DDP does every step
     mine = {"batches": batches, "texts": texts, "dropped_rows": dl.dropped_rows, "padding": padding,
             "rows": sorted(set(rows))}
-    gathered = [None] * world if rank == 0 else None
-    dist.gather_object(mine, gathered, dst=0)
-    if rank == 0:
-        with open(spec["out"], "w") as fh:
-            json.dump(gathered, fh)
+    gather_json(rank, world, mine, spec["out"])
     del dl
     _leave()
+
+
+def gather_json(rank: int, world: int, obj, path: str) -> None:
+    """Gather every rank's ``obj`` on rank 0, which writes the list (rank order) to ``path`` as JSON."""
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object(obj, gathered, dst=0)
+    if rank == 0:
+        with open(path, "w") as fh:
+            json.dump(gathered, fh)
 
 
 # -- a TorchTitan-shaped loop --------------------------------------------------------------------------

@@ -28,7 +28,8 @@ MAX_CARRIED = 1 << 16  # refs per lane entry: far above any Pack(max_carry); a b
 #: chunking, shuffle hash, packing; pinned by tests/test_golden.py). It is part of every config and so of
 #: the fingerprint: bump it when a pinned output changes, and a checkpoint of the old algorithms is
 #: refused by name instead of being restored onto a different stream.
-ALGORITHM_VERSION = 3  # 3: a finite pass's last rounds split over lanes by sample size (work.balance);
+ALGORITHM_VERSION = 4  # 4: a packed finite pass's size split plans whole rows per lane (tokens fitted to bytes);
+#                        3: a finite pass's last rounds split over lanes by sample size (work.balance);
 #                        2: finite passes split evenly over lanes, packing carries open bins across sentinels,
 #                        permutations of up to 64 elements by a Fisher-Yates table
 

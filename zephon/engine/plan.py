@@ -18,6 +18,7 @@ from ..ops.batch import Batch
 from ..work import WorkSource, check_share_rows, lane_share, lanes_for_rank
 from .checks import check_datasets, check_finite_lanes, check_ops
 from .lane import carrier_indexes
+from .rowsplit import row_split
 from .stage import WorkStage
 
 
@@ -91,11 +92,16 @@ class LoaderPlan:
         gbs = canonical_replicas * m if global_batch_size is None else global_batch_size
         if not isinstance(gbs, int) or gbs < 1 or unit_size < 1:
             raise ValueError(f"global_batch_size and unit_size must be >= 1, got {global_batch_size}, {unit_size}")
+        n_work = next((i for i, op in enumerate(ops) if op.stateful), len(ops))
+        stage = WorkStage(datasets, ops[:n_work])
         source = WorkSource(datasets, weights, seed=seed, canonical_replicas=canonical_replicas,
                             chunk_size=chunk_size, shuffle=shuffle, shuffle_block_size=shuffle_block_size,
                             exhaustion=exhaustion, fill_multiple=gbs, step_size=gbs, batching=batching,
                             epochs_per_pass=epochs_per_pass, step_major=step_major,
-                            split="size" if any(op.name == "pack" for op in ops) else "count")  # rows follow tokens
+                            split="size" if any(op.name == "pack" for op in ops) else "count",  # rows follow tokens
+                            # whole rows per lane where the tail is not padded (padded, equal shares pad least)
+                            rows=row_split(stage, ops) if batch.drop_last or batch.short_last or not pad_tail
+                            else None)
         check_ops(ops, len(datasets))
         moving = [op.name for op in ops if op.stateful or op.name == "filter"
                   or (op.name == "tokenize" and op.max_length is not None)]
@@ -114,7 +120,6 @@ class LoaderPlan:
         finite = source.total_positions is not None
         if finite and (batch.drop_last or pad_tail):
             check_finite_lanes(source)
-        n_work = next((i for i, op in enumerate(ops) if op.stateful), len(ops))
         config = {"version": 1, "algorithm": ckpt.ALGORITHM_VERSION, "work": source.fingerprint(),
                   "ops": [op.fingerprint() for op in ops] + [batch.fingerprint()],
                   "global_batch_size": gbs, "flush_span": flush_span}
@@ -123,7 +128,7 @@ class LoaderPlan:
                    rows_per_lane_step=rows_per_lane_step, flush_span=flush_span, unit_size=unit_size,
                    finite=finite, pad_tail=pad_tail, dp_degree=1, dp_rank=0, lane_assignment=lane_assignment,
                    rank_lanes=[], lane_shares=1, share_index=0, rows_per_rank_step=rows_per_lane_step,
-                   stage=WorkStage(datasets, ops[:n_work]), chain_ops=ops[n_work:], config=config,
+                   stage=stage, chain_ops=ops[n_work:], config=config,
                    # a schedule is compared by source.check_resume, not by the fingerprint
                    fingerprint=ckpt.config_digest(config), summary=ckpt.summarize_config(config))
         return plan.for_rank(dp_degree, dp_rank, lane_assignment)

@@ -1,7 +1,8 @@
 """The tail multiplexer: the owned lanes' rows -> micro-batches in step order, and what that decides.
 
 It chooses the next step (lanes behind go first after a ragged checkpoint), pads a finite pass's last steps
-(``Batch(drop_last=False)``) or drops and counts its incomplete tail (``drop_last=True``), builds each
+(``Batch(drop_last=False)``), leaves them short (``short_last=True``: only real rows, a lane that ended gives
+none) or drops and counts its incomplete tail (``drop_last=True``), builds each
 micro-batch and commits it as delivered only once the consumer asked for the next one (``handed``), and,
 when ranks share a lane, keeps this rank's block of each step (``sharing``). The lanes themselves (their
 pipelines, dispatch and replay) are the ``Loader``'s. See docs/concepts.md ("tail multiplexer").
@@ -52,7 +53,8 @@ class Tail:
         every ready lane in lane order, then ``j + 1``. ``generation``: the Loader's iteration this belongs to
         (a newer ``iter()`` or ``restore()`` makes this one raise ``RuntimeError``)."""
         plan = self.loader.plan
-        pad = plan.finite and not plan.batch.drop_last and plan.pad_tail  # every lane fills every step
+        # every lane fills every step (Batch(short_last=True): only real rows, the last steps short)
+        pad = plan.finite and not plan.batch.drop_last and plan.pad_tail and not plan.batch.short_last
         self.steps_done = 0
         while True:
             chosen = self._next_step(pad)

@@ -11,6 +11,9 @@ while some rank holds a row of it; a rank (or a lane of it, when the rank's lane
 workers) that ran out gets padding micro-batches there (``padded_steps``), so every rank delivers the same
 steps. A host whose items are not plain micro-batches (a TaskEncoder's batches) cannot be padded: its ranks
 stop together at the first step some rank has no row of, and what the others hold is counted and reported.
+With ``Batch(short_last=True)`` the tail carries only real rows (``short_steps``): each step's micro-batch count
+is voted with ``all_reduce(MAX)``, and a rank with no row in one of them gets a 0-row micro-batch there, so
+every rank runs the same micro-batches of every step (its collectives match) and no rank ends early.
 """
 from __future__ import annotations
 
@@ -36,9 +39,10 @@ class StepAgreement:
         group: the ranks that agree (a torch.distributed group; None: the whole job). Without an
             initialised process group only this process votes.
     ``agree(complete, any_rank=False) -> bool``: True when every rank's ``complete`` is True (with
-    ``any_rank``: when some rank's is). A collective under torch.distributed: every rank calls it once per
-    step, in the same order. The vote runs on ``group`` when it is a gloo group; only without gloo (NCCL) is a gloo
-    side group made, on the first call (itself a collective over ``group``'s ranks)."""
+    ``any_rank``: when some rank's is); ``most(n) -> int``: the largest ``n`` of any rank. A collective under
+    torch.distributed: every rank calls it once per step, in the same order. The vote runs on ``group`` when
+    it is a gloo group; only without gloo (NCCL) is a gloo side group made, on the first call (itself a
+    collective over ``group``'s ranks)."""
 
     def __init__(self, group=None):
         self.group = group
@@ -48,13 +52,24 @@ class StepAgreement:
         dist = _dist()
         if dist is None or dist.get_world_size(self.group) <= 1:
             return complete
+        return bool(self._reduce(1 if complete else 0, dist.ReduceOp.MAX if any_rank else dist.ReduceOp.MIN))
+
+    def most(self, n: int) -> int:
+        """The largest ``n`` over the ranks (a collective as ``agree``; this rank's alone without one)."""
+        dist = _dist()
+        if dist is None or dist.get_world_size(self.group) <= 1:
+            return n
+        return self._reduce(n, dist.ReduceOp.MAX)
+
+    def _reduce(self, n: int, op) -> int:
         import torch
 
+        dist = _dist()
         if self._side is None:
             self._side = _vote_group(dist, self.group)
-        flag = torch.tensor([1 if complete else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX if any_rank else dist.ReduceOp.MIN, group=self._side)
-        return bool(flag.item())
+        flag = torch.tensor([n], dtype=torch.int64)
+        dist.all_reduce(flag, op=op, group=self._side)
+        return int(flag.item())
 
 
 def _vote_group(dist, group):
@@ -126,6 +141,50 @@ def padded_steps(groups, lanes, cursors, rows_per_lane_step: int, micro_batch_si
                                 rows_per_lane_step, micro_batch_size, padding)
             if out:
                 yield out
+        step += 1
+
+
+def short_steps(groups, lanes, cursors, rows_per_lane_step: int, micro_batch_size: int, agreement: StepAgreement,
+                empty, share: tuple[int, int] = (1, 0)):
+    """Release ``groups`` (as ``agreed_steps``) step by step while some rank holds a row of the step, each step
+    with as many micro-batches as the rank with the most has (one ``most`` vote per step); a micro-batch this rank
+    owes and holds no row of is one empty item (``Batch(short_last=True)``: only real rows, no padding).
+
+    cursors: the rank's ``LaneCursor``s at the start; empty(lane, step, micro, state) -> ``(meta, payload)``: a
+    0-row micro-batch charged to ``lane``, whose checkpoint entry becomes ``state`` (its cursor past the
+    micro-batch, so a resume does not deliver it again). share: as ``padded_steps``. Where the job resumes is
+    voted too: from the earliest lane of any rank (lanes behind deliver first), with empty items only from the
+    furthest one on (a rank whose lanes all ended earlier joins where the others are)."""
+    it = itertools.chain(groups, [None])
+    group = next(it)
+    m, state = micro_batch_size, {c.lane: c for c in cursors}
+    micros = rows_per_lane_step // m
+    per = micros // share[0]
+    block = range(share[1] * per, (share[1] + 1) * per)
+
+    def done(lane):  # micro-batches of the lane's stream delivered (a short one counts whole)
+        return -(-state[lane].delivered_rows // m)
+    first = -agreement.most(-min((done(lane) for lane in lanes), default=0))
+    start = agreement.most(max((done(lane) for lane in lanes), default=0))
+    step = first // micros
+    while True:
+        buffered, group = _take_step(it, group, step)
+        count = agreement.most(max((micro - block[0] + 1 for micro in buffered), default=0))
+        if not count and (step + 1) * micros > start:
+            return
+        for micro in block[:count]:
+            items = buffered.get(micro, ())
+            for meta, _ in items:
+                if meta.get("last", True):
+                    state[meta["lane"]] = LaneCursor.from_dict(meta["state"])
+            at = step * micros + micro
+            if items:
+                yield items
+            elif at >= start and all(done(lane) <= at for lane in lanes):  # owed, and no row: an empty one
+                lane = max(lanes, key=done)
+                upto = micros if micro == block[-1] else micro + 1
+                state[lane] = replace(state[lane], delivered_rows=(step * micros + upto) * m)
+                yield [empty(lane, step, micro, state[lane].to_dict())]
         step += 1
 
 

@@ -16,8 +16,8 @@ from .. import checkpoint as ckpt
 from ..engine import Loader, LoaderPlan, empty_row
 from ..engine.explain import explain
 from ..engine.stage import DEFAULT_MAX_SKIP_FRACTION
-from ..ops.batch import collate, padding_micro_batch, padding_row
-from .agreement import StepAgreement, _dist, agreed_steps, padded_steps
+from ..ops.batch import collate, empty_micro_batch, padding_micro_batch, padding_row
+from .agreement import StepAgreement, _dist, agreed_steps, padded_steps, short_steps
 from .assembly import StepAssembly
 from .progress import Progress, initial_state
 from .workers import worker_lanes
@@ -171,19 +171,30 @@ class RankSession:
         if stream and finite:
             raise ValueError("groups(stream=True) needs an endless stream (a finite pass ends on agreed steps)")
         dist = _dist()
+        if finite and L.batch.short_last:  # only real rows; a rank with none gets 0-row micro-batches
+            return short_steps(ordered(), L.rank_lanes, start, L.rows_per_lane_step, L.batch.micro_batch_size,
+                               self._vote(), self._empty, share=(L.lane_shares, L.share_index))
         if finite and not L.batch.drop_last and L.pad_tail:
-            if self._agreement is None:
-                self._agreement = StepAgreement(self._agreement_group)
             return padded_steps(ordered(), L.rank_lanes, start, L.rows_per_lane_step, L.batch.micro_batch_size,
-                                self._agreement, self._padding, share=(L.lane_shares, L.share_index))
+                                self._vote(), self._padding, share=(L.lane_shares, L.share_index))
         if not finite or not (L.batch.drop_last or (dist is not None and dist.get_world_size() > 1)):
             return ordered()
-        if self._agreement is None:
-            self._agreement = StepAgreement(self._agreement_group)
         delivered = {c.lane: c.delivered_rows for c in start}
         on_drop = self._count_dropped if L.batch.drop_last else self._count_uneven_tail
-        return agreed_steps(ordered(), delivered, L.rows_per_lane_step, self._agreement, on_drop,
+        return agreed_steps(ordered(), delivered, L.rows_per_lane_step, self._vote(), on_drop,
                             whole_steps=L.batch.drop_last)
+
+    def _vote(self) -> StepAgreement:
+        """The per-step vote over the agreement group (made on first use: process groups do not pickle)."""
+        if self._agreement is None:
+            self._agreement = StepAgreement(self._agreement_group)
+        return self._agreement
+
+    def _empty(self, lane: int, step: int, micro: int, state: dict):
+        """A 0-row item for ``lane`` at (``step``, ``micro``) (``short_steps``), shaped like a delivered one."""
+        meta = {"lane": lane, "step": step, "micro": micro, "rows": 0, "state": state, "last": True, "skip": False,
+                "pad": 0}
+        return meta, empty_micro_batch(self._padding(lane, step, micro, state)[1])
 
     def _padding(self, lane: int, step: int, micro: int, state: dict):
         """A padding item for ``lane`` at (``step``, ``micro``) (``padded_steps``), shaped like a delivered one."""

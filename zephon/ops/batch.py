@@ -15,20 +15,33 @@ LABEL_PAD = -100  # the label a loss ignores (torch's cross_entropy ignore_index
 
 
 class Batch(Operator):
-    """Terminal operator: ``micro_batch_size`` rows per micro-batch. At the end of a finite stream,
-    ``drop_last`` drops (and counts) the incomplete last step; without it the last step is delivered with
-    padding rows (``padding_row``) where a lane has no row left, so every lane and rank has the same steps.
-    ``micro_batch_size`` is a runtime knob (not in the checkpoint identity); ``drop_last`` is."""
+    """Terminal operator: ``micro_batch_size`` rows per micro-batch.
+
+    Args:
+        micro_batch_size: rows per micro-batch (a runtime knob, not in the checkpoint identity).
+        drop_last: at the end of a finite stream, drop (and count) the incomplete last step.
+        short_last: with ``drop_last=False``, the last step(s) of a finite pass carry only real rows, as torch's
+            ``DataLoader(drop_last=False)`` gives a short last batch: a lane whose pass ended gives no row, a lane
+            with fewer rows than a step gives a short micro-batch, and the pass is split so lanes end on whole
+            rows (``work.balance``). Default False: those lanes get padding rows (``padding_row``) instead, so
+            every step has its full shape on every lane and rank (what hosts with fixed shapes need: compiled
+            steps, Megatron's fixed micro-batch count). Under ``host.RankSession`` a rank with no row in a
+            step still takes part in it (a 0-row micro-batch); see docs/concepts.md ("finite passes").
+    ``drop_last`` and ``short_last`` are in the checkpoint identity. Raises ``ValueError`` for
+    ``micro_batch_size < 1`` or ``short_last`` with ``drop_last``."""
 
     name = "batch"
 
-    def __init__(self, micro_batch_size: int = 1, drop_last: bool = True):
+    def __init__(self, micro_batch_size: int = 1, drop_last: bool = True, short_last: bool = False):
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-        self.micro_batch_size, self.drop_last = micro_batch_size, drop_last
+        if short_last and drop_last:
+            raise ValueError("Batch(short_last=True) shortens the last step of a finite pass instead of dropping "
+                             "it: use it with drop_last=False")
+        self.micro_batch_size, self.drop_last, self.short_last = micro_batch_size, drop_last, bool(short_last)
 
     def fingerprint(self) -> dict:
-        return {"op": self.name, "drop_last": self.drop_last}
+        return {"op": self.name, "drop_last": self.drop_last, **({"short_last": True} if self.short_last else {})}
 
 
 def collate(rows: list[dict]) -> dict:
@@ -68,6 +81,13 @@ def padding_row(template: dict) -> dict:
     if "attention_mask" not in row and isinstance(template.get("input_ids"), np.ndarray):
         row["attention_mask"] = np.zeros(template["input_ids"].shape, dtype=np.uint8)
     return row
+
+
+def empty_micro_batch(template: dict) -> dict:
+    """A micro-batch of no row shaped like ``template`` (a collated micro-batch): its arrays with a leading
+    dimension of 0 (same trailing shape and dtype), lists empty; bookkeeping keys (``__lane__``...) left out."""
+    return {k: (v[:0].copy() if isinstance(v, np.ndarray) else []) for k, v in template.items()
+            if not k.startswith("__") or k == "__src__"}
 
 
 def padding_micro_batch(template: dict, rows: int) -> dict:

@@ -71,6 +71,8 @@ class WorkSource:
         split: how a ``"stop"`` / ``"fill"`` pass's end goes to the lanes: ``"count"`` (equal numbers of samples)
             or ``"size"`` (equal bytes, when the datasets know their samples' sizes: ``balance``; for packed
             rows, whose count follows the tokens).
+        rows: with ``split="size"``, None or ``(tokens per row, tokens_of)`` for packed rows: ``tokens_of(pointers)``
+            gives sampled pointers' tokens, so each lane's share is planned as whole rows (``balance``).
         step_major: allocate a ``"random"`` mixture over step-major positions too (needs ``step_size``), so the
             first ``S`` global steps draw exactly the first ``S x step_size`` positions of the mixture: an epoch
             cut from an endless stream (Mosaic's ``proportion`` / ``epoch_size``) then reads each dataset's
@@ -82,10 +84,11 @@ class WorkSource:
                  chunk_size: int = 1024, shuffle: bool = True, shuffle_block_size: int | None = None,
                  exhaustion: str = "repeat", fill_multiple: int = 1, step_size: int | None = None,
                  batching: str = "random", epochs_per_pass=None, split: str = "count",
-                 step_major: bool = False):
+                 step_major: bool = False, rows=None):
         if split not in ("count", "size"):
             raise ValueError(f"split must be 'count' or 'size', got {split!r}")
         self.split = split if exhaustion in ("stop", "fill") else "count"
+        self.rows = rows if self.split == "size" else None
         weights = checked_weights(datasets, weights)
         check_options(seed, canonical_replicas, chunk_size, exhaustion, fill_multiple, shuffle_block_size)
         self.quota = checked_quota(weights) if exhaustion == "quota" else None
