@@ -87,8 +87,22 @@ def load_rank_states(read_entry, saved_dp: int, new_dp: int, new_rank: int, cano
     return merged
 
 
+def rank_checkpoint(state: dict, dp_degree: int, dp_rank: int, lane_assignment: str = "contiguous") -> dict:
+    """This rank's checkpoint as a host's per-rank ``state_dict`` (torchdata's ``StatefulDataLoader``): ``state``
+    itself (a Zephon checkpoint of this rank's lanes, restorable as before) plus ``saved_at`` (``dp_degree``,
+    ``dp_rank``, ``lane_assignment``), so ``SavedRanks`` can check each entry it reads. No collective.
+
+    state: the rank's checkpoint. dp_degree / dp_rank / lane_assignment: its topology. Raises ``CheckpointError``
+    for a state that is not a Zephon checkpoint, ``TopologyError`` for an impossible topology."""
+    entry = save_rank_state(state, dp_degree, dp_rank, lane_assignment)
+    return dict(state, saved_at={k: entry[k] for k in ("dp_degree", "dp_rank", "lane_assignment")})
+
+
 def _checked(entry, old_rank: int, saved_dp: int, saved_assignment: str) -> dict:
-    """``entry``'s state after checking it is ``old_rank``'s entry of a ``saved_dp`` save."""
+    """``entry``'s state after checking it is ``old_rank``'s entry of a ``saved_dp`` save (a ``save_rank_state``
+    entry, or a ``rank_checkpoint``)."""
+    if isinstance(entry, dict) and isinstance(entry.get("saved_at"), dict) and "lanes" in entry:
+        entry = dict(entry["saved_at"], format=RANK_FORMAT, state=entry)
     if not isinstance(entry, dict) or entry.get("format") != RANK_FORMAT:
         fmt = entry.get("format") if isinstance(entry, dict) else type(entry).__name__
         raise CheckpointError(f"old rank {old_rank}'s entry is not a Zephon rank state (format {fmt!r}, expected "

@@ -20,7 +20,7 @@ from ..ops.batch import collate, padding_micro_batch, padding_row
 from .agreement import StepAgreement, _dist, agreed_steps, padded_steps
 from .assembly import StepAssembly
 from .progress import Progress, initial_state
-from .ranks import restorable
+from .ranks import rank_checkpoint, restorable
 from .workers import worker_lanes
 
 log = logging.getLogger("zephon")
@@ -273,6 +273,12 @@ class RankSession:
     def rank_state(self) -> dict:
         """This rank's checkpoint as of the last item handed out: JSON data."""
         return self.progress.checkpoint()
+
+    def saved_rank_state(self) -> dict:
+        """``rank_state()`` with the topology it was saved at (``ranks.rank_checkpoint``): a host's per-rank
+        ``state_dict``, restorable here or, through ``SavedRanks``, at another dp degree. No collective."""
+        L = self.plan
+        return rank_checkpoint(self.rank_state(), L.dp_degree, L.dp_rank, L.lane_assignment)
 
     def global_state(self, **gather_kwargs) -> dict:
         """Every rank's state merged (``checkpoint.gather_checkpoint``: a collective when torch.distributed
