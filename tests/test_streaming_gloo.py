@@ -1,8 +1,8 @@
 """zephon_streaming under torch.distributed on real gloo processes, as Composer drives it: every rank calls
 ``state_dict``, rank 0's result is what Composer saves (docs/streaming.md, "What Composer saves"), every rank of
-the next run loads it. The lanes travel to rank 0 only (a gather): the other ranks' results hold their own lanes,
-and no process group beyond the job's is made. The oracle: one rank iterated in this process, cut into global
-batches here.
+the next run loads it (monolithic: rank 0's file; sharded: through torch.distributed.checkpoint). The lanes
+travel to rank 0 only (a gather): the other ranks' results hold their own lanes, and no process group beyond the
+job's is made. The oracle: one rank iterated in this process, cut into global batches here.
 """
 from __future__ import annotations
 
@@ -53,15 +53,15 @@ def _global(results):
 def saved4(local, reference, tmp_path_factory):
     """4 ranks run steps 0-2 and Composer's ``state_dict`` is called on each; rank 0's result saved."""
     tmp = str(tmp_path_factory.mktemp("saved4"))
-    ckpt = os.path.join(tmp, "rank0.json")
-    first = _spawn(4, tmp, dict(local=local, start=0, stop=K, save=ckpt))
+    ckpt, sharded = os.path.join(tmp, "rank0.json"), os.path.join(tmp, "dcp")
+    first = _spawn(4, tmp, dict(local=local, start=0, stop=K, save=ckpt, dcp_save=sharded))
     assert _global(first) == {s: [tuple(r) for r in reference[s]] for s in range(K)}
-    return dict(tmp=tmp, ckpt=ckpt, first=first)
+    return dict(tmp=tmp, ckpt=ckpt, sharded=sharded, first=first)
 
 
-def resumes(local, reference, saved, world, num_workers=0):
-    out = _spawn(world, saved["tmp"], dict(local=local, start=K, stop=K + 3, load=saved["ckpt"],
-                                          num_workers=num_workers))
+def resumes(local, reference, saved, world, num_workers=0, sharded=False):
+    how = dict(dcp_load=saved["sharded"]) if sharded else dict(load=saved["ckpt"])
+    out = _spawn(world, saved["tmp"], dict(local=local, start=K, stop=K + 3, num_workers=num_workers, **how))
     assert _global(out) == {s: [tuple(r) for r in reference[s]] for s in range(K, K + 3)}, world
 
 
@@ -73,6 +73,13 @@ def test_state_gathered_to_rank_0_only_resumes_at_2(local, reference, saved4):
         assert res["lanes"] == res["rank_lanes"] == list(range(4 * r, 4 * r + 4)), r
     assert {res["groups"] for res in first} == {1}  # no process group beyond the job's gloo group
     resumes(local, reference, saved4, 2, num_workers=1)
+
+
+@pytest.mark.contract("streaming.elastic")
+def test_composer_sharded_checkpoint_through_dcp_resumes_at_2(local, reference, saved4):
+    """Composer's sharded checkpoints store the dataset state with DCP (``dedup_save_to_lowest_rank``: rank 0's
+    value of each key) and load it into a template a fresh dataset's ``state_dict`` makes: resumes exactly."""
+    resumes(local, reference, saved4, 2, sharded=True)
 
 
 @pytest.mark.slow

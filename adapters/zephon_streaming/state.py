@@ -10,8 +10,10 @@ shared directory (``zephon.host.gather_checkpoint``).
 """
 from __future__ import annotations
 
+import json
 import uuid
 
+from zephon.checkpoint import canonical_json
 from zephon.host import CheckpointError, gather_checkpoint, gather_rank_states, merge_rank_states
 
 STATE_FORMAT = "zephon-streaming/1"
@@ -59,8 +61,9 @@ class MosaicState:
             raise ValueError(f"num_samples must be an int >= 0, got {num_samples!r}")
         claim, table = self._channel.latest()
         if claim is None:  # nothing iterated yet: the loaded state (unused) or the start
-            if table["pending"] is not None:
-                return table["pending"]
+            p = table["pending"]
+            if p is not None:
+                return self._state(p["epoch"], p["sample_in_epoch"], p["loader"])
             return self._state(table["next_epoch"], 0, None)
         e, k0 = claim["epoch"], claim["k0"]
         if num_samples % gbs:
@@ -84,10 +87,14 @@ class MosaicState:
         return self._state(e, c * gbs, self._gather(rank_state, e, f"e{e}-s{c}"))
 
     def _state(self, epoch: int, sample_in_epoch: int, loader_state) -> dict:
+        # ``loader`` is the lanes' checkpoint as JSON text, one leaf: Composer's sharded checkpoints store the
+        # dataset state through torch.distributed.checkpoint, which flattens nested dicts into keys and loads only
+        # the keys of a template made by a fresh dataset (``loader`` null there); nested lanes would be missing keys
         return {"format": STATE_FORMAT, "epoch": epoch, "sample_in_epoch": sample_in_epoch,
                 "num_canonical_nodes": self.num_canonical_nodes, "shuffle_seed": self.shuffle_seed,
                 "global_batch_size": self.global_batch_size, "fingerprint": self.fingerprint,
-                "config": self.config_summary, "loader": loader_state}
+                "config": self.config_summary,
+                "loader": None if loader_state is None else canonical_json(loader_state)}
 
     def _gather(self, rank_state: dict, epoch: int, tag: str) -> dict:
         """Under torch.distributed: every rank's lanes merged on rank 0 (``zephon.host.gather_rank_states``, a
@@ -125,6 +132,7 @@ class MosaicState:
         if obj is None:
             return
         _check_format(obj)
+        obj = _decoded(obj)
         diffs = []
         if obj.get("global_batch_size") != self.global_batch_size:
             diffs.append(f"global batch size: state has {obj.get('global_batch_size')}, this run has "
@@ -153,6 +161,21 @@ class MosaicState:
         elif n:
             raise CheckpointError(f"malformed state: sample_in_epoch={n} without lane entries")
         self._channel.set_pending(obj)
+
+
+def _decoded(obj: dict) -> dict:
+    """``obj`` with its ``loader`` as a dict (``state_dict`` writes it as JSON text; a dict is accepted as
+    earlier versions wrote it). Raises ``CheckpointError`` when the text is not a JSON object."""
+    raw = obj.get("loader")
+    if not isinstance(raw, str):
+        return obj
+    try:
+        loader = json.loads(raw)
+    except ValueError as e:
+        raise CheckpointError(f"malformed state: 'loader' is not JSON ({e})") from None
+    if not isinstance(loader, dict):
+        raise CheckpointError(f"malformed state: 'loader' is JSON {type(loader).__name__}, not an object")
+    return dict(obj, loader=loader)
 
 
 def _check_format(obj) -> None:
