@@ -6,7 +6,6 @@ job's is made. The oracle: one rank iterated in this process, cut into global ba
 """
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -15,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 from helpers import write_split_jsonl  # noqa: E402
 from streaming_jobs import GBS, make_streaming, streaming_job  # noqa: E402
+from torch_jobs import spawn_ranks  # noqa: E402
 
 K = 3  # the checkpoint's step
 
@@ -34,13 +34,7 @@ def reference(local):
 
 
 def _spawn(world, tmp, spec):
-    import torch.multiprocessing as mp
-
-    out = os.path.join(tmp, f"out-{os.urandom(4).hex()}")
-    os.makedirs(out)
-    mp.spawn(streaming_job, args=(world, os.path.join(tmp, f"init-{os.urandom(4).hex()}"), dict(spec, out=out)),
-             nprocs=world, join=True)
-    return [json.load(open(os.path.join(out, f"rank-{r}.json"))) for r in range(world)]
+    return spawn_ranks(streaming_job, world, tmp, spec)
 
 
 def _global(results):

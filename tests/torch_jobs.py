@@ -277,6 +277,22 @@ def _spy_dcp_reads(reads: list, prefix: str):
         FileSystemReader.read_data = original
 
 
+def spawn_ranks(fn, world, tmp, spec) -> list:
+    """Run ``fn(rank, world, init_file, spec)`` on ``world`` spawned processes, ``spec["out"]`` a fresh directory
+    where rank r writes ``rank-{r}.json``; returns those, in rank order."""
+    import torch.multiprocessing as mp
+
+    out = os.path.join(tmp, f"out-{os.urandom(4).hex()}")
+    os.makedirs(out)
+    mp.spawn(fn, args=(world, os.path.join(tmp, f"init-{os.urandom(4).hex()}"), dict(spec, out=out)),
+             nprocs=world, join=True)
+    results = []
+    for r in range(world):
+        with open(os.path.join(out, f"rank-{r}.json")) as fh:
+            results.append(json.load(fh))
+    return results
+
+
 def spawn(fn, world, tmp, spec):
     """Run ``fn(rank, world, init_file, spec)`` on ``world`` spawned processes; returns rank 0's JSON."""
     import torch.multiprocessing as mp
