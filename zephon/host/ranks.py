@@ -175,25 +175,36 @@ def restorable(obj, plan):
     only; a rank entry (``save_rank_state``) as its state, if it was saved at this topology; anything else (a
     Zephon checkpoint, a list of them, None) as is.
 
-    plan: the restoring rank's ``LoaderPlan``. Raises ``CheckpointError`` for a rank entry of another topology,
-    naming the old ranks this rank needs (restore those through ``SavedRanks``)."""
+    plan: the restoring rank's ``LoaderPlan``. Raises ``CheckpointError`` for a rank entry of another topology, or a
+    ``rank_checkpoint`` of another topology that lacks lanes this rank owns, naming the old ranks this rank needs
+    (restore those through ``SavedRanks``)."""
     if isinstance(obj, SavedRanks):
         return obj.state_for(plan.dp_degree, plan.dp_rank, plan.canonical_replicas, plan.lane_assignment)
-    if not (isinstance(obj, dict) and obj.get("format") == RANK_FORMAT):
+    if not isinstance(obj, dict):
+        return obj
+    if obj.get("format") == RANK_FORMAT:
+        saved, state = obj, obj.get("state")
+    elif isinstance(obj.get("saved_at"), dict) and isinstance(obj.get("lanes"), list):
+        saved, state = obj["saved_at"], obj
+    else:
         return obj
     here = (plan.dp_degree, plan.dp_rank, plan.lane_assignment)
-    saved = (obj.get("dp_degree"), obj.get("dp_rank"), obj.get("lane_assignment"))
-    if saved == here:
-        return obj["state"]
+    at = (saved.get("dp_degree"), saved.get("dp_rank"), saved.get("lane_assignment"))
+    if at == here:
+        return state
+    if state is obj:  # a rank's own state at another topology restores when it holds this rank's lanes (sharing)
+        have = {e.get("lane") for e in obj["lanes"] if isinstance(e, dict)}
+        if set(lanes_for_rank(plan.canonical_replicas, *here)) <= have:
+            return obj
     try:
-        need = rank_entries_needed(saved[0], plan.dp_degree, plan.dp_rank, plan.canonical_replicas,
-                                   saved_assignment=saved[2], new_assignment=plan.lane_assignment)
+        need = rank_entries_needed(at[0], plan.dp_degree, plan.dp_rank, plan.canonical_replicas,
+                                   saved_assignment=at[2], new_assignment=plan.lane_assignment)
     except Exception:  # noqa: BLE001 - a topology the entry cannot come from: say so below without the list
         need = "?"
-    raise CheckpointError(f"this is the state of rank {saved[1]} of dp {saved[0]} ({saved[2]}); this loader is "
-                          f"rank {here[1]} of dp {here[0]} ({here[2]}) and needs the entries of old ranks {need}: "
-                          f"pass zephon.host.SavedRanks(read_entry, saved_dp={saved[0]}) (or "
-                          f"SavedRanks.from_directory(...)) so it reads only those")
+    raise CheckpointError(f"this is the state of rank {at[1]} of dp {at[0]} ({at[2]}); this loader is rank "
+                          f"{here[1]} of dp {here[0]} ({here[2]}) and needs the states of old ranks {need}: pass "
+                          f"zephon.host.SavedRanks(read_entry, saved_dp={at[0]}) (or SavedRanks.from_directory(...)) "
+                          f"so it reads only those")
 
 
 _side_groups: dict = {}  # a gloo group per job group, only for a job on NCCL alone (made on the first gather)
