@@ -60,23 +60,20 @@ def resumes(local, reference, saved, world, num_workers=0, sharded=False):
 
 
 @pytest.mark.contract("streaming.elastic")
-def test_state_gathered_to_rank_0_only_resumes_at_2(local, reference, saved4):
+def test_state_gathered_to_rank_0_only_and_a_sharded_checkpoint_resumes_at_2(local, reference, saved4):
+    """Rank 0's state holds every lane, the others' their own, with no extra process group; saved through DCP as
+    Composer's sharded checkpoints are (``dedup_save_to_lowest_rank``: rank 0's value of each key) and loaded
+    into the template a fresh dataset's ``state_dict`` makes, it resumes exactly at 2 ranks (1 worker each)."""
     first = saved4["first"]
     assert first[0]["lanes"] == list(range(16))  # rank 0 holds every lane: what Composer saves
     for r, res in enumerate(first[1:], 1):  # the others hold their own 4 lanes, not everyone's
         assert res["lanes"] == res["rank_lanes"] == list(range(4 * r, 4 * r + 4)), r
     assert {res["groups"] for res in first} == {1}  # no process group beyond the job's gloo group
-    resumes(local, reference, saved4, 2, num_workers=1)
-
-
-@pytest.mark.contract("streaming.elastic")
-def test_composer_sharded_checkpoint_through_dcp_resumes_at_2(local, reference, saved4):
-    """Composer's sharded checkpoints store the dataset state with DCP (``dedup_save_to_lowest_rank``: rank 0's
-    value of each key) and load it into a template a fresh dataset's ``state_dict`` makes: resumes exactly."""
-    resumes(local, reference, saved4, 2, sharded=True)
+    resumes(local, reference, saved4, 2, num_workers=1, sharded=True)
 
 
 @pytest.mark.slow
 @pytest.mark.contract("streaming.elastic")
 def test_state_gathered_to_rank_0_resumes_at_8(local, reference, saved4):
+    """Composer's monolithic checkpoint (rank 0's object, as JSON here) on 8 ranks."""
     resumes(local, reference, saved4, 8)
