@@ -62,6 +62,7 @@ class ObservedDataset(StreamingDataset):
         self.calls.append({"call": "state_dict", "num_samples": num_samples, "from_beginning": from_beginning,
                            "epoch": st["epoch"], "sample_in_epoch": st["sample_in_epoch"],
                            "has_lanes": st["loader"] is not None, "bytes": len(json.dumps(st)),
+                           "lanes": st["loader"] and sorted(e["lane"] for e in json.loads(st["loader"])["lanes"]),
                            "sha256": hashlib.sha256(json.dumps(st, sort_keys=True).encode()).hexdigest()})
         return st
 

@@ -227,14 +227,20 @@ def test_two_ranks_under_the_launcher_give_the_single_rank_global_batches(S, run
     assert [(r["rank"], r["world_size"]) for r in ranks] == [(0, 2), (1, 2)]
     assert all(r["len"] == S * GBS // 2 and r["dataloader_len"] == S for r in ranks)
     assert global_digests(ranks) == digests(run_a)
-    # state_dict ran on every rank with Composer's global sample count, and every rank got the same merged state
+    # state_dict ran on every rank with Composer's global sample count; rank 0's result (the one Composer saves)
+    # holds every lane and equals the single-rank run's state at the same step; rank 1's holds its own lanes only
+    # (the lanes were gathered to rank 0, not all-gathered)
     calls = [[(c["num_samples"], c["from_beginning"], c["epoch"], c["sample_in_epoch"], c["sha256"])
               for c in r["calls"]] for r in ranks]
-    assert calls[0] == calls[1]
+    assert [c[:4] for c in calls[0]] == [c[:4] for c in calls[1]]
     assert [c[:4] for c in calls[0]] == [(3 * GBS, True, 0, 3 * GBS), (0, True, 1, 0), (3 * GBS, True, 1, 3 * GBS),
                                          (0, True, 2, 0)]
     assert [c[4] for c in calls[0]] == [c["sha256"] for c in run_a["calls"]], \
-        "the merged state differs from the single-rank run's state at the same step"
+        "rank 0's state differs from the single-rank run's state at the same step"
+    mid = [i for i, c in enumerate(ranks[0]["calls"]) if c["has_lanes"]]
+    assert mid == [0, 2]  # the two mid-epoch checkpoints; the epoch ends hold no lanes
+    assert [ranks[0]["calls"][i]["lanes"] for i in mid] == [list(range(GBS))] * 2
+    assert [ranks[1]["calls"][i]["lanes"] for i in mid] == [list(range(GBS // 2, GBS))] * 2
     assert ranks[0]["weights"] == ranks[1]["weights"]  # DDP keeps the replicas identical
 
 

@@ -15,7 +15,8 @@ import pytest
 
 from benchmarks.ranks import base_plan, restore_all, rank_loader, run_rank, save_all, write_corpus
 from zephon.checkpoint import CheckpointError, merge_states
-from zephon.host import load_rank_states, rank_entries_needed, save_rank_state
+from zephon.host import (SavedRanks, load_rank_states, rank_checkpoint, rank_entries_needed, restorable,
+                         save_rank_state)
 from zephon.work import TopologyError, lanes_for_rank
 
 
@@ -144,3 +145,44 @@ def test_load_rank_states_reads_only_what_it_needs_and_names_bad_entries(corpus)
         load_rank_states(lambda r: {"lanes": []}, 4, 8, 2, 8)
     with pytest.raises(CheckpointError, match="not a Zephon checkpoint"):
         save_rank_state([], 4, 0)
+
+
+def test_saved_ranks_from_a_directory_reads_only_the_files_it_needs(corpus, tmp_path):
+    """``SavedRanks.from_directory``: the saved dp is the number of entry files; a new rank reads only the old ranks
+    holding its lanes (8 contiguous lanes, dp 4 -> 2: rank 1 owns lanes 4-7, held by old ranks 2 and 3), whether
+    the files are ``save_rank_state`` entries or ``rank_checkpoint`` states (a StatefulDataLoader's)."""
+    plan = base_plan(corpus, 8)
+    store, _ = save_all(plan, 4, 1)
+    entries = {r: json.loads(b) for r, b in store.items()}
+    for form in ("entry", "checkpoint"):
+        d = tmp_path / form
+        d.mkdir()
+        for r, e in entries.items():
+            obj = e if form == "entry" else rank_checkpoint(e["state"], 4, r)
+            (d / f"rank-{r}.json").write_text(json.dumps(obj))
+        saved = SavedRanks.from_directory(str(d))
+        assert saved.saved_dp == 4
+        state = restorable(saved, plan.for_rank(2, 1))
+        assert saved.read == [2, 3], form
+        assert sorted(e["lane"] for e in state["lanes"]) == [4, 5, 6, 7]
+        assert entries[2]["state"]["lanes"] + entries[3]["state"]["lanes"] == state["lanes"]
+    (tmp_path / "entry" / "rank-1.json").unlink()
+    with pytest.raises(CheckpointError, match=r"not ranks 0\.\.3: missing \['rank-1\.json'\]"):
+        SavedRanks.from_directory(str(tmp_path / "entry"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="no per-rank entries"):
+        SavedRanks.from_directory(str(tmp_path / "empty"))
+
+
+def test_a_rank_state_of_another_topology_names_the_old_ranks_needed(corpus):
+    plan = base_plan(corpus, 8)
+    store, _ = save_all(plan, 4, 1)
+    e3 = json.loads(store[3])
+    with pytest.raises(CheckpointError, match=r"rank 3 of dp 4 .*needs the states of old ranks \[0, 1\]"):
+        restorable(e3, plan.for_rank(2, 0))
+    with pytest.raises(CheckpointError, match=r"rank 3 of dp 4 .*needs the states of old ranks \[0, 1\]"):
+        restorable(rank_checkpoint(e3["state"], 4, 3), plan.for_rank(2, 0))
+    assert restorable(e3, plan.for_rank(4, 3)) == e3["state"]  # its own topology: its state
+    # a rank's own state that holds the lanes of a rank at another dp restores as is (dp 4 rank 3 -> dp 8 rank 7)
+    own = rank_checkpoint(e3["state"], 4, 3)
+    assert restorable(own, plan.for_rank(8, 7)) is own

@@ -5,7 +5,6 @@ Slow (16 and 32 spawned processes on the shared 2 cores): ``pytest -m slow tests
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections import defaultdict
@@ -22,15 +21,10 @@ K = 2  # the checkpoint's step
 
 
 def _spawn(world, tmp, spec):
-    import torch.multiprocessing as mp
-
     from rank_jobs import rank_job
+    from torch_jobs import spawn_ranks
 
-    out = os.path.join(tmp, f"out-{os.urandom(4).hex()}")
-    os.makedirs(out)
-    mp.spawn(rank_job, args=(world, os.path.join(tmp, f"init-{os.urandom(4).hex()}"), dict(spec, out=out)),
-             nprocs=world, join=True)
-    return [json.load(open(os.path.join(out, f"rank-{r}.json"))) for r in range(world)]
+    return spawn_ranks(rank_job, world, tmp, spec)
 
 
 def _global(results):

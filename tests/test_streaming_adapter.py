@@ -311,9 +311,13 @@ def test_state_is_json_and_other_config_is_refused(data):
     with pytest.raises(CheckpointError, match="mosaicml-streaming state"):
         make(data).load_state_dict({"epoch": 0, "sample_in_epoch": 32, "num_canonical_nodes": 1, "shuffle_seed": 1})
     with pytest.raises(CheckpointError, match="altered or truncated"):
-        bad = json.loads(json.dumps(state))
-        bad["loader"]["lanes"][0]["delivered_rows"] += 1
-        make(data).load_state_dict(bad)
+        loader = json.loads(state["loader"])  # the lanes' checkpoint, as JSON text (one leaf for DCP)
+        loader["lanes"][0]["delivered_rows"] += 1
+        make(data).load_state_dict(dict(state, loader=json.dumps(loader)))
+    with pytest.raises(CheckpointError, match="'loader' is not JSON"):
+        make(data).load_state_dict(dict(state, loader=state["loader"][:-1]))
+    legacy = dict(state, loader=json.loads(state["loader"]))  # as earlier versions wrote it: still restores
+    make(data).load_state_dict(legacy)
     with pytest.raises(ValueError, match="not a whole number of global batches"):
         ds.state_dict(GBS + 1, True)
 

@@ -29,26 +29,56 @@ def reference(dirs, tokenizer_path):
     return {str(s): d for s, d in reference_digests(dirs, tokenizer_path, STEPS).items()}
 
 
-@pytest.mark.contract("torch.distributed", "torch.stateful")
-def test_checkpoint_on_4_resume_on_2_and_1(dirs, tokenizer_path, reference, tmp_path):
-    spec = dict(dirs=dirs, tok=tokenizer_path, micro_batch=1)
-    ckpt = str(tmp_path / "ckpt4.json")
-    first = spawn(loader_job, 4, str(tmp_path), dict(spec, num_workers=2, stop=K, save=ckpt))
+def resume_per_rank(spec, tmp, ckpt, saved_dp, world, num_workers, reference, micro_batch=1):
+    """Resume the per-rank files in ``ckpt`` (saved at ``saved_dp``) on ``world`` ranks: global batches of steps
+    K..STEPS-1 equal the uninterrupted reference, and each new rank read exactly the old ranks whose lanes it owns
+    (from the layout: 8 contiguous lanes, new rank r owns [r*8/world, (r+1)*8/world), old rank o held
+    [o*8/saved_dp, ...)), at most ceil(saved_dp / world) + 1 of them."""
+    out = spawn(loader_job, world, tmp, dict(spec, micro_batch=micro_batch, num_workers=num_workers, stop=STEPS,
+                                             load=ckpt))
+    assert out["digests"] == {str(s): reference[str(s)] for s in range(K, STEPS)}, (world, num_workers)
+    for r, reads in enumerate(out["reads"]):
+        lanes = range(r * R // world, (r + 1) * R // world)
+        assert reads == sorted({lane * saved_dp // R for lane in lanes}), (world, r, reads)
+        assert len(reads) <= -(-saved_dp // world) + 1
+
+
+def save_per_rank(spec, tmp, world, reference, micro_batch=1, num_workers=2):
+    """Run ``world`` ranks to step K, each writing its own ``state_dict()`` file; returns the directory."""
+    ckpt = os.path.join(tmp, f"ckpt{world}-{os.urandom(2).hex()}")
+    os.makedirs(ckpt)
+    first = spawn(loader_job, world, tmp, dict(spec, micro_batch=micro_batch, num_workers=num_workers, stop=K,
+                                               save=ckpt))
     assert first["digests"] == {str(s): reference[str(s)] for s in range(K)}
-    assert first["state_lanes"] == 8  # every rank held the merged (global) state
-    for world, nw in ((2, 0), (1, 3)):
-        out = spawn(loader_job, world, str(tmp_path), dict(spec, num_workers=nw, stop=STEPS, load=ckpt))
-        assert out["digests"] == {str(s): reference[str(s)] for s in range(K, STEPS)}, (world, nw)
+    # each rank's state holds its own lanes only, and saving made no process group beyond the job's
+    assert first["state_lanes"] == [list(range(r * R // world, (r + 1) * R // world)) for r in range(world)]
+    assert first["groups"] == [1] * world
+    assert sorted(os.listdir(ckpt)) == [f"rank-{r}.json" for r in range(world)]
+    return ckpt
 
 
 @pytest.mark.contract("torch.distributed", "torch.stateful")
-def test_checkpoint_on_2_resume_on_4(dirs, tokenizer_path, reference, tmp_path):
+def test_per_rank_states_on_4_resume_on_2_and_1(dirs, tokenizer_path, reference, tmp_path):
     spec = dict(dirs=dirs, tok=tokenizer_path)
-    ckpt = str(tmp_path / "ckpt2.json")
-    first = spawn(loader_job, 2, str(tmp_path), dict(spec, micro_batch=2, num_workers=0, stop=K, save=ckpt))
-    assert first["digests"] == {str(s): reference[str(s)] for s in range(K)}
-    out = spawn(loader_job, 4, str(tmp_path), dict(spec, micro_batch=1, num_workers=1, stop=STEPS, load=ckpt))
-    assert out["digests"] == {str(s): reference[str(s)] for s in range(K, STEPS)}
+    ckpt = save_per_rank(spec, str(tmp_path), 4, reference)
+    for world, nw in ((2, 0), (1, 3)):
+        resume_per_rank(spec, str(tmp_path), ckpt, 4, world, nw, reference)
+
+
+@pytest.mark.slow
+@pytest.mark.contract("torch.distributed", "torch.stateful")
+def test_per_rank_states_on_4_resume_on_8(dirs, tokenizer_path, reference, tmp_path):
+    """8 gloo ranks: each reads the one old rank that held its lane."""
+    spec = dict(dirs=dirs, tok=tokenizer_path)
+    ckpt = save_per_rank(spec, str(tmp_path), 4, reference)
+    resume_per_rank(spec, str(tmp_path), ckpt, 4, 8, 0, reference)
+
+
+@pytest.mark.contract("torch.distributed", "torch.stateful")
+def test_per_rank_states_on_2_resume_on_4(dirs, tokenizer_path, reference, tmp_path):
+    spec = dict(dirs=dirs, tok=tokenizer_path)
+    ckpt = save_per_rank(spec, str(tmp_path), 2, reference, micro_batch=2, num_workers=0)
+    resume_per_rank(spec, str(tmp_path), ckpt, 2, 4, 1, reference)
 
 
 @pytest.mark.contract("torch.finite")

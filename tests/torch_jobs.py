@@ -98,10 +98,13 @@ def _leave():
 
 
 def loader_job(rank, world, init_file, spec):
-    """One rank of a torch.distributed run over ``zephon_torch.StatefulDataLoader``.
+    """One rank of a torch.distributed run over ``zephon_torch.StatefulDataLoader``, saving and restoring as a
+    StatefulDataLoader user does: each rank its own ``state_dict()`` in its own file.
 
-    ``spec``: dirs, tok, num_workers, micro_batch, start (step the run begins at), stop, load (JSON
-    path or None), save (JSON path or None), out (rank 0 writes ``{"digests": ...}`` there).
+    ``spec``: dirs, tok, num_workers, micro_batch, start (step the run begins at), stop, load (directory of
+    ``rank-{r}.json`` files or None: restored through ``zephon_torch.SavedRanks.from_directory``), save
+    (directory or None: this rank writes ``rank-{rank}.json`` there), out (rank 0 writes ``{"digests": ...,
+    "reads": per rank the old ranks read, "state_lanes": per rank the lanes its state holds}`` there).
     Rows are gathered on rank 0, which hashes each global batch."""
     import zephon_torch
 
@@ -109,22 +112,27 @@ def loader_job(rank, world, init_file, spec):
     ds = make_dataset(spec["dirs"], spec["tok"], dp=world, rank=rank, micro_batch=spec["micro_batch"],
                       exhaustion=spec.get("exhaustion", "repeat"))
     dl = zephon_torch.StatefulDataLoader(ds, num_workers=spec["num_workers"])
+    reads = None
     if spec.get("load"):
-        with open(spec["load"]) as fh:
-            dl.load_state_dict(json.load(fh))
+        saved = zephon_torch.SavedRanks.from_directory(spec["load"])
+        dl.load_state_dict(saved)
+        reads = saved.read
     rows = consume(dl, spec["stop"], 2 // spec["micro_batch"])
-    state = dl.state_dict() if spec.get("save") else None  # a collective: the merged state
+    lanes = None
+    if spec.get("save"):  # no collective: this rank's lanes only
+        state = dl.state_dict()
+        lanes = [e["lane"] for e in state["lanes"]]
+        with open(os.path.join(spec["save"], f"rank-{rank}.json"), "w") as fh:
+            json.dump(state, fh)
     gathered = [None] * world if rank == 0 else None
-    dist.gather_object(rows, gathered, dst=0)
+    dist.gather_object({"rows": rows, "reads": reads, "lanes": lanes,
+                        "groups": len(dist.distributed_c10d._world.pg_map)}, gathered, dst=0)
     if rank == 0:
-        all_rows = [r for part in gathered for r in part]
-        if spec.get("save"):
-            with open(spec["save"], "w") as fh:
-                json.dump(state, fh)
+        all_rows = [r for part in gathered for r in part["rows"]]
         with open(spec["out"], "w") as fh:
             json.dump({"digests": step_digests(all_rows), "dropped_rows": dl.dropped_rows,
-                       "state_lanes": len(state["lanes"]) if state else 0,
-                       "state_bytes": len(json.dumps(state)) if state else 0}, fh)
+                       "reads": [p["reads"] for p in gathered], "state_lanes": [p["lanes"] for p in gathered],
+                       "groups": [p["groups"] for p in gathered]}, fh)
     del dl  # shuts its workers down before the abrupt exit
     _leave()
 
@@ -272,6 +280,22 @@ def _spy_dcp_reads(reads: list, prefix: str):
         yield
     finally:
         FileSystemReader.read_data = original
+
+
+def spawn_ranks(fn, world, tmp, spec) -> list:
+    """Run ``fn(rank, world, init_file, spec)`` on ``world`` spawned processes, ``spec["out"]`` a fresh directory
+    where rank r writes ``rank-{r}.json``; returns those, in rank order."""
+    import torch.multiprocessing as mp
+
+    out = os.path.join(tmp, f"out-{os.urandom(4).hex()}")
+    os.makedirs(out)
+    mp.spawn(fn, args=(world, os.path.join(tmp, f"init-{os.urandom(4).hex()}"), dict(spec, out=out)),
+             nprocs=world, join=True)
+    results = []
+    for r in range(world):
+        with open(os.path.join(out, f"rank-{r}.json")) as fh:
+            results.append(json.load(fh))
+    return results
 
 
 def spawn(fn, world, tmp, spec):

@@ -4,13 +4,17 @@ Composer asks the dataset for ``state_dict(num_samples, from_beginning)`` (globa
 gives it back with ``load_state_dict(obj)``, used by the next ``__iter__`` only. This module translates that shape:
 a Mosaic-style dict (``epoch``, ``sample_in_epoch``, the config it was made with) around the rank-merged Zephon
 checkpoint (``loader``). The lane entries come from the side channel (``zephon.host.Channel``), published by
-whichever process handed out each step; merging ranks goes through ``zephon.host.gather_checkpoint``.
+whichever process handed out each step. Composer saves rank 0's dataset state alone, so under torch.distributed
+the ranks' lanes are gathered to rank 0 (``zephon.host.gather_rank_states``); without it they merge through a
+shared directory (``zephon.host.gather_checkpoint``).
 """
 from __future__ import annotations
 
+import json
 import uuid
 
-from zephon.host import CheckpointError, gather_checkpoint, merge_rank_states
+from zephon.checkpoint import canonical_json
+from zephon.host import CheckpointError, gather_checkpoint, gather_rank_states, merge_rank_states
 
 STATE_FORMAT = "zephon-streaming/1"
 
@@ -45,8 +49,9 @@ class MosaicState:
         """Composer's call: the state after ``num_samples`` samples of the current epoch.
 
         num_samples: global samples (all ranks), a whole number of global batches. from_beginning: count them from
-        the start of the epoch (False: from where this run resumed). Call it on every rank: it merges every rank's
-        lanes (torch.distributed, else ``aggregate_dir``). Returns JSON data, restorable at another world size
+        the start of the epoch (False: from where this run resumed). Call it on every rank (Composer does, and saves
+        rank 0's result): under torch.distributed rank 0 returns every rank's lanes, the others their own; through
+        ``aggregate_dir`` every rank returns every lane. Rank 0's result is restorable at another world size
         (same global batch) and DataLoader ``num_workers``. At ``num_samples`` 0 after an epoch was consumed to its
         end (Composer's end-of-epoch checkpoint) it is the start of the next epoch, so the finished epoch is not
         replayed. Raises ValueError for a count that is not whole steps, past the epoch or before the resume point;
@@ -56,8 +61,9 @@ class MosaicState:
             raise ValueError(f"num_samples must be an int >= 0, got {num_samples!r}")
         claim, table = self._channel.latest()
         if claim is None:  # nothing iterated yet: the loaded state (unused) or the start
-            if table["pending"] is not None:
-                return table["pending"]
+            p = table["pending"]
+            if p is not None:
+                return self._state(p["epoch"], p["sample_in_epoch"], p["loader"])
             return self._state(table["next_epoch"], 0, None)
         e, k0 = claim["epoch"], claim["k0"]
         if num_samples % gbs:
@@ -81,15 +87,20 @@ class MosaicState:
         return self._state(e, c * gbs, self._gather(rank_state, e, f"e{e}-s{c}"))
 
     def _state(self, epoch: int, sample_in_epoch: int, loader_state) -> dict:
+        # ``loader`` is the lanes' checkpoint as JSON text, one leaf: Composer's sharded checkpoints store the
+        # dataset state through torch.distributed.checkpoint, which flattens nested dicts into keys and loads only
+        # the keys of a template made by a fresh dataset (``loader`` null there); nested lanes would be missing keys
         return {"format": STATE_FORMAT, "epoch": epoch, "sample_in_epoch": sample_in_epoch,
                 "num_canonical_nodes": self.num_canonical_nodes, "shuffle_seed": self.shuffle_seed,
                 "global_batch_size": self.global_batch_size, "fingerprint": self.fingerprint,
-                "config": self.config_summary, "loader": loader_state}
+                "config": self.config_summary,
+                "loader": None if loader_state is None else canonical_json(loader_state)}
 
     def _gather(self, rank_state: dict, epoch: int, tag: str) -> dict:
-        """Every rank's lanes merged (``zephon.host.gather_checkpoint``: torch.distributed when initialised, else
-        ``aggregate_dir``, in rounds named by epoch and step so every rank agrees). Raises RuntimeError for
-        several ranks and neither transport."""
+        """Under torch.distributed: every rank's lanes merged on rank 0 (``zephon.host.gather_rank_states``, a
+        gather, not an all-gather), and this rank's own lanes on the others. Else through ``aggregate_dir``
+        (``gather_checkpoint``, in rounds named by epoch and step so every rank agrees), merged on every rank.
+        Raises RuntimeError for several ranks and neither transport."""
         if self.dp_degree == 1:
             return merge_rank_states([rank_state])
         if self.rank % (self.replication or 1):
@@ -97,7 +108,11 @@ class MosaicState:
             rank_state = self._plan(epoch).make_state([])
         import torch.distributed as dist
 
-        if not (dist.is_available() and dist.is_initialized()) and self.aggregate_dir is None:
+        if dist.is_available() and dist.is_initialized():
+            # Composer writes rank 0's dataset state alone (docs/streaming.md): the lanes go to rank 0, and every
+            # other rank's result (its own lanes) is what Composer drops
+            return gather_rank_states(rank_state, root=0, timeout=self.state_timeout) or rank_state
+        if self.aggregate_dir is None:
             raise RuntimeError(f"state_dict at WORLD_SIZE={self.world_size} needs every rank's lanes: initialise "
                                f"torch.distributed, or pass aggregate_dir= (a directory all ranks share; or "
                                f"$ZEPHON_AGGREGATE_DIR)")
@@ -117,6 +132,7 @@ class MosaicState:
         if obj is None:
             return
         _check_format(obj)
+        obj = _decoded(obj)
         diffs = []
         if obj.get("global_batch_size") != self.global_batch_size:
             diffs.append(f"global batch size: state has {obj.get('global_batch_size')}, this run has "
@@ -145,6 +161,21 @@ class MosaicState:
         elif n:
             raise CheckpointError(f"malformed state: sample_in_epoch={n} without lane entries")
         self._channel.set_pending(obj)
+
+
+def _decoded(obj: dict) -> dict:
+    """``obj`` with its ``loader`` as a dict (``state_dict`` writes it as JSON text; a dict is accepted as
+    earlier versions wrote it). Raises ``CheckpointError`` when the text is not a JSON object."""
+    raw = obj.get("loader")
+    if not isinstance(raw, str):
+        return obj
+    try:
+        loader = json.loads(raw)
+    except ValueError as e:
+        raise CheckpointError(f"malformed state: 'loader' is not JSON ({e})") from None
+    if not isinstance(loader, dict):
+        raise CheckpointError(f"malformed state: 'loader' is JSON {type(loader).__name__}, not an object")
+    return dict(obj, loader=loader)
 
 
 def _check_format(obj) -> None:

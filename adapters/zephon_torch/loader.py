@@ -138,14 +138,23 @@ class _RankStateMixin:
         """This rank's checkpoint (its lanes) as of the last local micro-batch handed out: JSON data."""
         return self._session.rank_state()
 
+    def state_dict(self) -> dict:
+        """This rank's state, as torchdata's per-rank protocol has it: its lanes only, with the topology it was
+        saved at (``zephon.host.rank_checkpoint``), JSON data, no collective. Store one per rank (a file, a DCP
+        key); restore it here, or at another dp degree through ``load_state_dict(zephon.host.SavedRanks(...))``."""
+        return self._session.saved_rank_state()
+
+    def load_state_dict(self, state) -> None:
+        """Start the next ``iter()`` from ``state``: this rank's ``state_dict()``, a merged state
+        (``global_state_dict``), or a ``zephon.host.SavedRanks`` of a save at any dp degree (only the old ranks
+        holding this rank's lanes are read). Raises ``CheckpointError`` naming what differs or lacks."""
+        self.dataset.load_state_dict(state)  # validates: CheckpointError names what differs / lacks
+
     def global_state_dict(self, **gather_kwargs) -> dict:
         """Every rank's state merged (a collective when torch.distributed is initialised: call it on
         all ranks; see ``zephon.host.gather_checkpoint`` for ``aggregate_dir``/``run_id``/``timeout``).
         Restorable at any dp degree that divides ``canonical_replicas``."""
         return self._session.global_state(**gather_kwargs)
-
-    def _load_zephon_state(self, state: dict) -> None:
-        self.dataset.load_state_dict(state)  # validates: CheckpointError names what differs / lacks
 
 
 class DataLoader(_RankStateMixin, torch.utils.data.DataLoader):
@@ -161,9 +170,9 @@ class DataLoader(_RankStateMixin, torch.utils.data.DataLoader):
     pass's last step included, flagged in ``__pad__``), and its result is what the loop receives; when that
     result is a dict, ``__lane__``, ``__step__``, ``__micro__`` (and ``__pad__``) are added unless present.
     ``batch_info`` holds them for the last batch handed out, whatever the result. ``state_dict()`` (this
-    rank's lanes, or merged over ranks when torch.distributed is initialised: then a collective) and
-    ``load_state_dict(state)`` (a rank's or a merged state; the next
-    ``iter()`` starts there). Raises ``CheckpointError`` for a state of another config or missing lanes."""
+    rank's lanes, no collective; ``global_state_dict()`` merges every rank's) and ``load_state_dict(state)`` (a
+    rank's or a merged state, or a ``zephon.host.SavedRanks``; the next ``iter()`` starts there). Raises
+    ``CheckpointError`` for a state of another config or missing lanes."""
 
     def __init__(self, dataset, **kwargs):
         self._zephon_init(dataset, kwargs)
@@ -173,12 +182,6 @@ class DataLoader(_RankStateMixin, torch.utils.data.DataLoader):
         self._before_iter()
         return self._assembled(super().__iter__())
 
-    def state_dict(self) -> dict:
-        return self._session.state()
-
-    def load_state_dict(self, state: dict) -> None:
-        self._load_zephon_state(state)
-
 
 class StatefulDataLoader(_RankStateMixin, _TorchdataStatefulDataLoader):
     """``torchdata.stateful_dataloader.StatefulDataLoader`` whose state is Zephon's rank checkpoint.
@@ -186,7 +189,8 @@ class StatefulDataLoader(_RankStateMixin, _TorchdataStatefulDataLoader):
     An instance of torchdata's class (same keyword arguments; ``batch_size`` None, ``persistent_workers``
     False), but ``state_dict()`` returns plain JSON data that does not depend on ``num_workers`` (torchdata's
     own per-worker snapshots require the same worker count), so ``load_state_dict`` accepts a state saved
-    with any number of workers, and a merged state saved at another dp degree. Yields what
+    with any number of workers; at another dp degree, a merged state or ``zephon.host.SavedRanks`` of the ranks'
+    own states (docs/distributed.md). Yields what
     ``zephon_torch.DataLoader`` yields."""
 
     def __init__(self, dataset, **kwargs):
@@ -201,9 +205,6 @@ class StatefulDataLoader(_RankStateMixin, _TorchdataStatefulDataLoader):
         self._iterator = None
         return self._assembled(super().__iter__())
 
-    def state_dict(self) -> dict:
-        return self._session.state()
-
-    def load_state_dict(self, state: dict) -> None:
-        self._load_zephon_state(state)
+    def load_state_dict(self, state) -> None:
+        super().load_state_dict(state)  # the mixin's (torchdata's own is for its worker snapshots)
         self._iterator = None

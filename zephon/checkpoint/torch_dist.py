@@ -95,7 +95,7 @@ class TorchDistAggregator(Aggregator):
         JSON data. After an ``AggregationError`` the group has lost a rank: discard this aggregator
         (rounds are counted per rank, a rank that never called has not counted the failed one).
         """
-        dist, torch = self._dist, _torch()
+        dist = self._dist
         if rank != self.rank:
             raise CheckpointError(f"gather(rank={rank}) on the process that is rank {self.rank} of the "
                                   f"aggregation group ({self.world_size} ranks)")
@@ -114,21 +114,10 @@ class TorchDistAggregator(Aggregator):
             raise self._error("did not join the checkpoint aggregation", missing, e) from e
         self._store_call("delete_key", key + str(rank))  # all arrived: the key is no longer needed
         try:
-            sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
-            dist.all_gather(sizes, torch.tensor([len(payload)], dtype=torch.int64), group=self._pg)
-            lengths = [int(s.item()) for s in sizes]
-            buf = torch.zeros(max(lengths), dtype=torch.uint8)  # all_gather needs equal shapes: pad
-            buf[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-            parts = [torch.empty_like(buf) for _ in range(self.world_size)]
-            dist.all_gather(parts, buf, group=self._pg)
+            payloads = exchange_payloads(dist, payload, self._pg)
         except Exception as e:  # noqa: BLE001
             raise self._error("failed during the payload exchange (after every rank had joined)", [], e) from e
-        states = []
-        for r, (n, t) in enumerate(zip(lengths, parts)):
-            try:
-                states.append(json.loads(t[:n].numpy().tobytes()))
-            except ValueError as e:
-                raise CheckpointError(f"rank {r}'s checkpoint payload is not valid JSON: {e}") from None
+        states = decode_payloads(payloads)
         # Round-trip through JSON so every rank returns an equal dict (tuples become lists everywhere).
         return json.loads(canonical_json(merge_states(states)))
 
@@ -177,6 +166,48 @@ class TorchDistAggregator(Aggregator):
             return getattr(self._store, name)(*args)
         except Exception:  # noqa: BLE001 - a store hosted by a dead rank raises connection errors
             return None
+
+
+def exchange_payloads(dist, payload: bytes, group, dst: int | None = None) -> list[bytes] | None:
+    """Every rank's ``payload`` (bytes), in the group's rank order: on every rank (``dst`` None: two
+    ``all_gather``) or on global rank ``dst`` only (two ``gather``; the others get None). A collective over
+    ``group`` (a gloo group: the tensors are CPU uint8, padded to the longest payload)."""
+    torch = _torch()
+    n = dist.get_world_size(group)
+    mine = dist.get_rank() == dst
+    size = torch.tensor([len(payload)], dtype=torch.int64)
+    if dst is None:
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
+        dist.all_gather(sizes, size, group=group)
+    else:  # the others' lengths travel to dst only; each pads to the longest, which dst alone knows: send it back
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(n)] if mine else None
+        dist.gather(size, sizes, dst=dst, group=group)
+        longest = torch.tensor([max(int(s.item()) for s in sizes) if mine else 0], dtype=torch.int64)
+        dist.broadcast(longest, src=dst, group=group)
+    lengths = [int(s.item()) for s in sizes] if sizes is not None else None
+    width = max(lengths) if dst is None else int(longest.item())
+    buf = torch.zeros(max(width, 1), dtype=torch.uint8)  # gather needs equal shapes: pad
+    buf[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    parts = [torch.empty_like(buf) for _ in range(n)] if dst is None or mine else None
+    if dst is None:
+        dist.all_gather(parts, buf, group=group)
+    else:
+        dist.gather(buf, parts, dst=dst, group=group)
+    if parts is None:
+        return None
+    return [t[:k].numpy().tobytes() for k, t in zip(lengths, parts)]
+
+
+def decode_payloads(payloads: list[bytes]) -> list[dict]:
+    """The JSON states ``exchange_payloads`` brought, in rank order. Raises ``CheckpointError`` naming the rank
+    whose payload is not JSON."""
+    states = []
+    for r, raw in enumerate(payloads):
+        try:
+            states.append(json.loads(raw))
+        except ValueError as e:
+            raise CheckpointError(f"rank {r}'s checkpoint payload is not valid JSON: {e}") from None
+    return states
 
 
 def _torch():

@@ -13,14 +13,16 @@ from .assembly import StepAssembly
 from .channel import Channel, private_dir
 from .exchange import StepExchange, exchange_steps, worker_steps
 from .items import SampleItems
-from .ranks import RANK_FORMAT, load_rank_states, rank_entries_needed, save_rank_state
+from .ranks import (RANK_FORMAT, SavedRanks, gather_rank_states, load_rank_states, rank_checkpoint, rank_entries_needed,
+                    restorable, save_rank_state)
 from .progress import Progress, initial_state
 from .session import RankSession
 from .workers import worker_lanes
 from .states import decode_state, encode_state, state_capacity
 from .metrics import every, flatten, format_metrics, prometheus_text, serve_prometheus, to_tensorboard
 
-__all__ = ["RANK_FORMAT", "load_rank_states", "rank_entries_needed", "save_rank_state",
+__all__ = ["RANK_FORMAT", "SavedRanks", "gather_rank_states", "load_rank_states", "rank_checkpoint",
+           "rank_entries_needed", "restorable", "save_rank_state",
            "Channel", "CheckpointError", "Progress", "RankSession", "SampleItems", "StepAgreement", "StepAssembly",
            "StepExchange", "agreed_steps", "decode_state", "encode_state", "every", "exchange_steps", "explain",
            "flatten", "format_metrics", "gather_checkpoint", "initial_state", "merge_rank_states", "private_dir",

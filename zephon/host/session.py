@@ -20,6 +20,7 @@ from ..ops.batch import collate, empty_micro_batch, padding_micro_batch, padding
 from .agreement import StepAgreement, _dist, agreed_steps, padded_steps, short_steps
 from .assembly import StepAssembly
 from .progress import Progress, initial_state
+from .ranks import rank_checkpoint, restorable
 from .workers import worker_lanes
 
 log = logging.getLogger("zephon")
@@ -284,6 +285,12 @@ class RankSession:
         """This rank's checkpoint as of the last item handed out: JSON data."""
         return self.progress.checkpoint()
 
+    def saved_rank_state(self) -> dict:
+        """``rank_state()`` with the topology it was saved at (``ranks.rank_checkpoint``): a host's per-rank
+        ``state_dict``, restorable here or, through ``SavedRanks``, at another dp degree. No collective."""
+        L = self.plan
+        return rank_checkpoint(self.rank_state(), L.dp_degree, L.dp_rank, L.lane_assignment)
+
     def global_state(self, **gather_kwargs) -> dict:
         """Every rank's state merged (``checkpoint.gather_checkpoint``: a collective when torch.distributed
         is initialised; ``aggregate_dir`` / ``run_id`` / ``timeout`` otherwise)."""
@@ -306,12 +313,14 @@ class RankSession:
 
     def load(self, state, worker: tuple[int, int] | None = None) -> None:
         """Continue from ``state``: a rank's or merged checkpoint, a list of rank checkpoints (merged here;
-        they must hold this rank's lanes), or None (the start). Validated now: ``CheckpointError`` says what
+        they must hold this rank's lanes), this rank's ``save_rank_state`` entry, a ``SavedRanks`` (only the
+        entries holding this rank's lanes are read), or None (the start). Validated now: ``CheckpointError`` says what
         differs or which lanes are missing.
 
         worker: ``(num_workers, worker_id)`` when a host restores each worker process from that worker's own
         state (torchdata's per-worker protocol): only the worker's lanes (``worker_lanes``) must be there, and
         only they are restored (that process iterates nothing else)."""
+        state = restorable(state, self.plan)  # a SavedRanks: only the entries holding this rank's lanes are read
         state = self.initial_state() if state is None else ckpt.merge_rank_states(state)
         period = ((state.get("config") or {}).get("work") or {}).get("period", 0)
         if self.plan.source.quota is not None and period != self.plan.source.period:  # a later quota pass's state
