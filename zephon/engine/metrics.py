@@ -9,6 +9,7 @@ stream position (``WorkSource.dataset_ids``). So the counts never depend on read
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -17,6 +18,9 @@ import numpy as np
 from ..formats.records import DOC_OFFSETS, PIECE, SRC
 from ..formats.remote import stats as remote_stats
 from ..ops.group import GROUP_ROWS
+
+#: ``metrics()["remote"]``: object-storage counts (``formats.remote.stats``) since the loader was built
+REMOTE_KEYS = ("downloads", "downloaded_bytes", "range_reads", "range_bytes", "cache_hits", "cache_misses", "retries")
 
 
 class MetricsCounter:
@@ -37,6 +41,8 @@ class MetricsCounter:
         self.rows = self.padding_rows = self.micro_batches = 0
         self.row_tokens = self.row_slots = 0  # tokens in delivered rows, and their capacity (rows x row length)
         self.wait_s = 0.0                     # seconds the consumer waited inside next()
+        self.remote0 = remote_stats()         # this process's object-storage counts when the loader was built
+        self.remote_workers: dict[str, int] = {}  # those of worker processes (the processes runner)
 
     def add_unit(self, res) -> None:
         """Count a worker's ``UnitResult`` as the pump releases it."""
@@ -45,6 +51,9 @@ class MetricsCounter:
             for name, s in res.times.items():
                 self.stage_s[name] = self.stage_s.get(name, 0.0) + s
                 self.worker_s += s
+            if res.pid != os.getpid():  # this process's own counts are read directly
+                for k, n in res.remote.items():
+                    self.remote_workers[k] = self.remote_workers.get(k, 0) + n
 
     def add_pump(self, name: str, seconds: float) -> None:
         """``seconds`` the pump spent in accumulator ``name``."""
@@ -90,7 +99,8 @@ class MetricsCounter:
                                "token_share": self.tokens[d] / total_t if total_t else 0.0,
                                "target_share": target[d]}
                         for d, name in enumerate(names)}
-            remote = remote_stats()
+            now = remote_stats()
+            remote = {k: now[k] - self.remote0.get(k, 0) + self.remote_workers.get(k, 0) for k in REMOTE_KEYS}
             return {
                 "elapsed_s": elapsed,
                 "datasets": datasets,
@@ -104,8 +114,7 @@ class MetricsCounter:
                 "consumer_wait_fraction": self.wait_s / elapsed,
                 "worker_utilization": self.worker_s / (elapsed * max(1, workers)),
                 "units": self.units,
-                "remote": {"downloads": remote["downloads"], "downloaded_bytes": remote["downloaded_bytes"],
-                           "range_reads": remote["range_reads"], "range_bytes": remote["range_bytes"]},
+                "remote": remote,
             }
 
 

@@ -5,12 +5,14 @@ worker ran it or how a chunk was cut into units.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..formats import DataError
+from ..formats.remote.fetch import unreported
 from ..ops.base import RecordError
 from ..formats.records import ERROR, SRC, Src, src_of
 
@@ -35,6 +37,8 @@ class UnitResult:
     kept_by: dict = field(default_factory=dict)
     first_skips: dict = field(default_factory=dict)
     times: dict = field(default_factory=dict)       # seconds per stage ("read", then each operator's name)
+    pid: int = 0                                    # the process that ran the unit
+    remote: dict = field(default_factory=dict)      # that process's object-storage counts not reported before
 
     def skip(self, d: int, message: str) -> None:
         """Count one skipped sample of dataset ``d`` (``on_error="skip"``), keeping the first messages."""
@@ -92,6 +96,7 @@ class WorkStage:
             res.error = error_for(self.datasets, e.src, str(e))
         except DataError as e:
             res.error = e
+        res.pid, res.remote = os.getpid(), unreported()  # a worker process's downloads reach the loader's metrics
         return res
 
     def hint(self, ptrs) -> None:
