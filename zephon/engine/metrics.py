@@ -67,18 +67,22 @@ class MetricsCounter:
         ids, mask = mb.get("input_ids"), mb.get("attention_mask")
         width = ids.shape[-1] if isinstance(ids, np.ndarray) and ids.ndim == 2 else 0
         tokens = int(mask[:n_real].sum()) if isinstance(mask, np.ndarray) and width else 0
-        by_ds, positions, pieces = [], [], []
+        single, packed = [], _Packed()
         for row in rows:
-            _pieces(row, by_ds, positions, pieces)
+            _pieces(row, single, packed)
+        if packed.positions:  # one mixture lookup and two bincounts for all the micro-batch's packed pieces
+            n = len(self.samples)
+            ds = source.dataset_ids(np.asarray(packed.positions, dtype=np.int64))
+            firsts = (np.asarray(packed.pieces) == 0) & (np.asarray(packed.offsets) == 0)
+            add_s = np.bincount(ds, weights=firsts, minlength=n).astype(np.int64)
+            add_t = np.bincount(ds, weights=np.concatenate(packed.tokens), minlength=n).astype(np.int64)
         with self._lock:
-            for d, first, n in by_ds:
+            for d, first, k in single:
                 self.samples[d] += first
-                self.tokens[d] += n
-            if positions:
-                ds = source.dataset_ids(np.asarray(positions, dtype=np.int64))
-                firsts, counts = np.asarray(pieces, dtype=np.int64).reshape(-1, 2).T
-                np.add.at(self.samples, ds, firsts)
-                np.add.at(self.tokens, ds, counts)
+                self.tokens[d] += k
+            if packed.positions:
+                self.samples += add_s
+                self.tokens += add_t
             self.micro_batches += 1
             self.rows += n_real
             self.padding_rows += n_pad
@@ -118,31 +122,40 @@ class MetricsCounter:
             }
 
 
-def _pieces(row: dict, by_ds: list, positions: list, pieces: list) -> None:
-    """The source pieces of one delivered row: ``(dataset, starts a document, tokens)`` appended to ``by_ds`` for a
-    row of one sample (its ``Src`` names the dataset), else its pieces' stream positions to ``positions`` and
-    ``(starts a document, tokens)`` to ``pieces``. A piece starts a document when it is the document's first
-    (``__piece__`` 0) and, in a concat row, starts at its first token (``DOC_OFFSETS``). Tokens: a packed row's
-    ``cu_seqlens`` (inputs only), a single record's ``num_tokens``; none for rows without tokens."""
+class _Packed:
+    """The pieces of a micro-batch's combined rows, as parallel lists: stream positions, piece numbers, offsets in
+    their documents (0: from its first token), and per row an array of the pieces' tokens."""
+
+    def __init__(self):
+        self.positions, self.pieces, self.offsets, self.tokens = [], [], [], []
+
+
+def _pieces(row: dict, single: list, packed: _Packed) -> None:
+    """The source pieces of one delivered row: ``(dataset, starts a document, tokens)`` appended to ``single`` for a
+    row of one sample (its ``Src`` names the dataset), else its pieces to ``packed``. A piece starts a document when
+    it is the document's first (``__piece__`` 0) and, in a concat row, starts at its first token (``DOC_OFFSETS``).
+    Tokens: a packed row's ``cu_seqlens`` (inputs only), a single record's ``num_tokens``; none for rows without."""
     src = row.get(SRC)
     if src is None:
         return
     if not isinstance(src, list):  # one sample (or one piece of a document split by Tokenize)
-        by_ds.append((int(src[0]), int(not row.get(PIECE, 0)), int(row.get("num_tokens") or 0)))
+        single.append((int(src[0]), int(not row.get(PIECE, 0)), int(row.get("num_tokens") or 0)))
         return
     members = row.get(GROUP_ROWS)
     if isinstance(members, list):  # a group batch: its member rows
         for r in members:
-            _pieces(r, by_ds, positions, pieces)
+            _pieces(r, single, packed)
+        return
+    if not src:
         return
     cu, offsets = row.get("cu_seqlens"), row.get(DOC_OFFSETS)
     if cu is not None and len(cu) == len(src) + 1:
-        counts = np.diff(np.asarray(cu)).tolist()
+        packed.tokens.append(np.diff(cu))
     else:
-        counts = [int(row.get("num_tokens") or 0) if len(src) == 1 else 0] * len(src)
-    for k, ref in enumerate(src):
-        positions.append(int(ref[0]))
-        pieces += (int(not ref[1] and not (offsets is not None and offsets[k])), counts[k])
+        packed.tokens.append(np.full(len(src), int(row.get("num_tokens") or 0) if len(src) == 1 else 0))
+    packed.positions += [ref[0] for ref in src]
+    packed.pieces += [ref[1] for ref in src]
+    packed.offsets += offsets if offsets is not None else [0] * len(src)
 
 
 def mark_offsets(lanes) -> None:
