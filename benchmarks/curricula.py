@@ -6,9 +6,10 @@ A real ``zephon.Loader`` (8 lanes, one document per row, 64 rows per global step
 Python sources and docstrings under a three-phase ``Schedule``: 90/10 (by tokens) until step 100, a linear
 ramp to 30/70 at step 200, held, then 50/50 from step 250. The schedule allocates *documents*; to target
 *token* shares, each dataset's weights are divided by its mean document length (measured once on a seeded
-sample, as ``ops.token_corrected_weights`` does), at knots every 10 steps (``document_schedule``). The
-script tokenizes every delivered row with the demo tokenizer and plots, per step, each dataset's realised
-token share and document share against the schedule. See docs/curricula.md.
+sample, as ``ops.token_corrected_weights`` does), at knots every 10 steps (``document_schedule``). The loader
+tokenizes with the demo tokenizer; after every global step the script reads ``loader.metrics()`` (per dataset,
+the documents and tokens delivered so far) and plots, per step, each dataset's realised token share and document
+share (the differences of those counts) against the schedule. See docs/curricula.md.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def share_at(specs, step):
 def run(steps: int, lanes: int = 8, gbs: int = 64, seed: int = 0):
     from tokenizers import Tokenizer
 
-    from zephon import Batch, Decode, Loader, Schedule, open_dataset
+    from zephon import Batch, Decode, Loader, Schedule, Tokenize, open_dataset
     from zephon.demo_corpus import build_corpus, build_tokenizer, default_workdir
     from zephon.ops import token_corrected_weights
 
@@ -61,18 +62,21 @@ def run(steps: int, lanes: int = 8, gbs: int = 64, seed: int = 0):
         return [len(e.ids) for e in tok.encode_batch([r["text"] for r in Decode("text").process_many(recs)])]
     per_token = token_corrected_weights(datasets, [1, 1], count, seed=seed)  # ∝ 1 / mean tokens per document
     doc_specs = document_schedule(TOKEN_SHARES, per_token, steps)
-    loader = Loader(datasets, [Decode("text"), Batch(gbs // lanes)], weights=Schedule(doc_specs), seed=seed,
-                    canonical_replicas=lanes, chunk_size=64, global_batch_size=gbs, runner="inline")
-    docs = [[0, 0] for _ in range(steps)]
-    tokens = [[0, 0] for _ in range(steps)]
+    loader = Loader(datasets, [Decode("text"), Tokenize(tok, add_eos=False), Batch(gbs // lanes)],
+                    weights=Schedule(doc_specs), seed=seed, canonical_replicas=lanes, chunk_size=64,
+                    global_batch_size=gbs, runner="inline")
+    docs, tokens = [], []
+    seen = [[0, 0], [0, 0]]  # documents and tokens delivered before this step, per dataset
     t0 = time.perf_counter()
     it = iter(loader)
-    for _ in range(steps * lanes):
-        mb = next(it)
-        lens = [len(e.ids) for e in tok.encode_batch(list(mb["text"]))]
-        for (d, *_), n in zip(mb["__src__"], lens):
-            docs[mb["__step__"]][d] += 1
-            tokens[mb["__step__"]][d] += n
+    for step in range(steps):
+        for _ in range(lanes):  # one micro-batch per lane: the whole global step
+            mb = next(it)
+            assert mb["__step__"] == step
+        now = [[d["samples"], d["tokens"]] for d in loader.metrics()["datasets"].values()]
+        docs.append([now[d][0] - seen[d][0] for d in range(2)])
+        tokens.append([now[d][1] - seen[d][1] for d in range(2)])
+        seen = now
     loader.close()
     elapsed = time.perf_counter() - t0
     return {"steps": steps, "lanes": lanes, "global_batch_size": gbs, "seconds": elapsed,
@@ -92,7 +96,7 @@ def plot(result: dict, path: str) -> None:
     tokens, docs = np.asarray(result["tokens"], float), np.asarray(result["docs"], float)
     tshare = tokens / tokens.sum(1, keepdims=True)
     dshare = docs / docs.sum(1, keepdims=True)
-    window = 10
+    window = max(1, min(10, len(steps)))  # a run of fewer steps than the window smooths over all of them
     smooth = np.convolve(tshare[:, 1], np.ones(window) / window, mode="valid")  # steps [k, k + window)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6.4), sharex=True)
     colors = ("tab:blue", "tab:orange")
@@ -103,18 +107,20 @@ def plot(result: dict, path: str) -> None:
         ax2.plot(steps, dshare[:, d], color=colors[d], lw=1.0, label=f"{NAMES[d]}: realised")
         ax2.plot(steps, [t[d] for t in result["target_doc_share"]], color="k", ls=":", lw=1.0)
     ax1.plot(steps[:smooth.size] + (window - 1) / 2, smooth, color="tab:red", lw=1.4,
-             label=f"docstrings: realised, {window}-step mean")
+             marker="o" if smooth.size < 3 else None, label=f"docstrings: realised, {window}-step mean")
     ax1.set_ylabel("token share per global step")
     ax1.set_title("Realised token share per step (thin: each step) against the schedule (dashed)")
-    ax1.legend(fontsize=8, loc="center left")
+    ax1.legend(fontsize=8, loc="best")
     ax2.set_ylabel("document share per step")
     ax2.set_xlabel("global step (64 documents)")
     ax2.set_title("Document share: what the schedule allocates, within 1 document per step of it (dotted)")
-    ax2.legend(fontsize=8, loc="center left")
+    ax2.legend(fontsize=8, loc="best")
     for ax in (ax1, ax2):
         for x in (100, 200, 250):
-            ax.axvline(x, color="0.8", lw=0.8, zorder=0)
+            if x < steps.size:  # the phase changes this run reached
+                ax.axvline(x, color="0.8", lw=0.8, zorder=0)
         ax.set_ylim(0, 1)
+        ax.set_xlim(0, max(1, steps.size - 1))
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=100)

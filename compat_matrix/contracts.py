@@ -48,6 +48,8 @@ _ROWS = [
     ("composer.trainer", "a real composer.Trainer (CPU) trains on zephon_streaming.StreamingDataset"),
     ("composer.resume", "Trainer checkpoint mid-epoch + load_path resume: batches identical to an uninterrupted run"),
     ("composer.elastic", "composer launcher, gloo: checkpoint on 2 ranks, resume on 1, identical global batches"),
+    ("composer.metrics", "zephon_streaming.ZephonMetrics in a real composer.Trainer: Composer's logger receives "
+     "Loader.metrics() every n batches, equal to counts of the batches trained on"),
     # Energon
     ("energon.format", "Energon-prepared WebDataset read: samples equal megatron.energon's per key"),
     ("energon.metadataset", "metadataset v2 blend / blend_epochized / subset equal Energon's"),

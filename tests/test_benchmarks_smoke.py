@@ -68,3 +68,15 @@ def test_stall_table_has_every_configuration(capsys):
     assert [row.split(" | ")[0][2:] for row in table] == list(CONFIGS)
     assert not [row for row in table if "failed" in row], table
     assert all(row.split(" | ")[4].endswith("%") for row in table)
+
+
+def test_curricula_plots_a_few_steps_from_the_metrics(tmp_path):
+    """benchmarks/curricula.py (``--only curricula --steps 5``): per-step counts from ``loader.metrics()`` (every step
+    holds its 64 documents), plotted without the old crash of a run shorter than the smoothing window."""
+    from benchmarks.curricula import main
+
+    out, js = tmp_path / "curriculum.png", tmp_path / "curriculum.json"
+    assert main(["--steps", "5", "--out", str(out), "--json", str(js)]) == 0
+    result = json.loads(js.read_text())
+    assert [sum(d) for d in result["docs"]] == [64] * 5 and all(min(t) > 0 for t in result["tokens"])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -380,10 +380,10 @@ class Loader:
         return out
 
     def metrics(self) -> dict:
-        """What this loader did since it was built (all its iterations; a resume's replay, at most a flush span
-        per lane, counts again), cheap to read at any time (from any thread):
+        """What this loader did since it was built (all its iterations; rows and datasets as delivered, time and work
+        with a resume's replay, at most a flush span per lane), cheap to read at any time (from any thread):
 
-        ``datasets``: per dataset name, ``samples`` (documents out of the worker stage) and ``tokens`` (theirs), their
+        ``datasets``: per dataset name, ``samples`` and ``tokens`` delivered (docs/metrics.md says how), their
         ``sample_share`` / ``token_share`` and the mixture's ``target_share`` (sample weights, at the current
         step under a schedule); ``rows``, ``micro_batches``, ``padding_rows`` (a finite pass's last steps),
         ``tokens`` (in delivered rows), ``padding_tokens`` and ``padding_fraction`` (of delivered rows' slots);

@@ -1,59 +1,88 @@
 """``Loader.metrics()``: what the loader did and where its time went, counted as it runs (a few additions per unit
 of work and per micro-batch, always on). Exporters (callback, TensorBoard, Prometheus) are in
 ``zephon.host.metrics``; see docs/metrics.md.
+
+Per-dataset samples and tokens count what was delivered, read off the delivered rows themselves: a row names its
+source pieces (``__src__``, as ``explain`` reads them), a packed row their tokens (``cu_seqlens``), and concat
+packing, asked to (``mark_offsets``), where each piece starts in its document; a piece's dataset follows from its
+stream position (``WorkSource.dataset_ids``). So the counts never depend on read-ahead, replay or timing.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 
 import numpy as np
 
+from ..formats.records import DOC_OFFSETS, PIECE, SRC
 from ..formats.remote import stats as remote_stats
+from ..ops.group import GROUP_ROWS
+
+#: ``metrics()["remote"]``: object-storage counts (``formats.remote.stats``) since the loader was built
+REMOTE_KEYS = ("downloads", "downloaded_bytes", "range_reads", "range_bytes", "cache_hits", "cache_misses", "retries")
 
 
 class MetricsCounter:
     """The counts behind ``Loader.metrics()`` (one per Loader; they survive its iterations and restores).
 
     num_datasets: datasets of the loader. Workers' per-unit counts arrive through ``add_unit`` (on the pump), the
-    pump's own time through ``add_pump``, delivered micro-batches through ``add_micro_batch``, the consumer's wait
-    through ``add_wait``."""
+    pump's own time through ``add_pump``, delivered micro-batches through ``add_micro_batch`` (with their rows: the
+    per-dataset counts), the consumer's wait through ``add_wait``."""
 
     def __init__(self, num_datasets: int):
         self._lock = threading.Lock()  # metrics() may be read from another thread (a Prometheus endpoint)
         self.started = time.perf_counter()
-        self.samples = [0] * num_datasets   # documents out of the worker stage (first pieces), per dataset
-        self.tokens = [0] * num_datasets    # their tokens
+        self.samples = np.zeros(num_datasets, np.int64)  # documents whose first token was delivered, per dataset
+        self.tokens = np.zeros(num_datasets, np.int64)   # tokens delivered, per dataset
         self.units = 0
         self.stage_s: dict[str, float] = {}  # seconds per stage: read, each worker operator, each pump operator
         self.worker_s = 0.0                  # seconds workers spent on units (all stages)
         self.rows = self.padding_rows = self.micro_batches = 0
         self.row_tokens = self.row_slots = 0  # tokens in delivered rows, and their capacity (rows x row length)
         self.wait_s = 0.0                     # seconds the consumer waited inside next()
+        self.remote0 = remote_stats()         # this process's object-storage counts when the loader was built
+        self.remote_workers: dict[str, int] = {}  # those of worker processes (the processes runner)
 
     def add_unit(self, res) -> None:
         """Count a worker's ``UnitResult`` as the pump releases it."""
         with self._lock:
             self.units += 1
-            for d, n in res.samples_by.items():
-                self.samples[d] += n
-            for d, n in res.tokens_by.items():
-                self.tokens[d] += n
             for name, s in res.times.items():
                 self.stage_s[name] = self.stage_s.get(name, 0.0) + s
                 self.worker_s += s
+            if res.pid != os.getpid():  # this process's own counts are read directly
+                for k, n in res.remote.items():
+                    self.remote_workers[k] = self.remote_workers.get(k, 0) + n
 
     def add_pump(self, name: str, seconds: float) -> None:
         """``seconds`` the pump spent in accumulator ``name``."""
         with self._lock:
             self.stage_s[name] = self.stage_s.get(name, 0.0) + seconds
 
-    def add_micro_batch(self, mb: dict, n_real: int, n_pad: int) -> None:
-        """A micro-batch handed to the consumer: ``n_real`` rows of data, ``n_pad`` padding rows."""
+    def add_micro_batch(self, mb: dict, rows: list, n_pad: int, source) -> None:
+        """A micro-batch handed to the consumer: ``rows``, its rows of data (before collation, ``n_pad`` padding
+        rows after them); ``source``: the ``WorkSource`` their stream positions come from."""
+        n_real = len(rows)
         ids, mask = mb.get("input_ids"), mb.get("attention_mask")
         width = ids.shape[-1] if isinstance(ids, np.ndarray) and ids.ndim == 2 else 0
         tokens = int(mask[:n_real].sum()) if isinstance(mask, np.ndarray) and width else 0
+        single, packed = [], _Packed()
+        for row in rows:
+            _pieces(row, single, packed)
+        if packed.positions:  # one mixture lookup and two bincounts for all the micro-batch's packed pieces
+            n = len(self.samples)
+            ds = source.dataset_ids(np.asarray(packed.positions, dtype=np.int64))
+            firsts = (np.asarray(packed.pieces) == 0) & (np.asarray(packed.offsets) == 0)
+            add_s = np.bincount(ds, weights=firsts, minlength=n).astype(np.int64)
+            add_t = np.bincount(ds, weights=np.concatenate(packed.tokens), minlength=n).astype(np.int64)
         with self._lock:
+            for d, first, k in single:
+                self.samples[d] += first
+                self.tokens[d] += k
+            if packed.positions:
+                self.samples += add_s
+                self.tokens += add_t
             self.micro_batches += 1
             self.rows += n_real
             self.padding_rows += n_pad
@@ -68,13 +97,14 @@ class MetricsCounter:
         """The metrics as plain data (see ``Loader.metrics``)."""
         with self._lock:
             elapsed = max(time.perf_counter() - self.started, 1e-9)
-            total_s, total_t = sum(self.samples), sum(self.tokens)
-            datasets = {name: {"samples": self.samples[d], "tokens": self.tokens[d],
+            total_s, total_t = int(self.samples.sum()), int(self.tokens.sum())
+            datasets = {name: {"samples": int(self.samples[d]), "tokens": int(self.tokens[d]),
                                "sample_share": self.samples[d] / total_s if total_s else 0.0,
                                "token_share": self.tokens[d] / total_t if total_t else 0.0,
                                "target_share": target[d]}
                         for d, name in enumerate(names)}
-            remote = remote_stats()
+            now = remote_stats()
+            remote = {k: now[k] - self.remote0.get(k, 0) + self.remote_workers.get(k, 0) for k in REMOTE_KEYS}
             return {
                 "elapsed_s": elapsed,
                 "datasets": datasets,
@@ -88,6 +118,56 @@ class MetricsCounter:
                 "consumer_wait_fraction": self.wait_s / elapsed,
                 "worker_utilization": self.worker_s / (elapsed * max(1, workers)),
                 "units": self.units,
-                "remote": {"downloads": remote["downloads"], "downloaded_bytes": remote["downloaded_bytes"],
-                           "range_reads": remote["range_reads"], "range_bytes": remote["range_bytes"]},
+                "remote": remote,
             }
+
+
+class _Packed:
+    """The pieces of a micro-batch's combined rows, as parallel lists: stream positions, piece numbers, offsets in
+    their documents (0: from its first token), and per row an array of the pieces' tokens."""
+
+    def __init__(self):
+        self.positions, self.pieces, self.offsets, self.tokens = [], [], [], []
+
+
+def _pieces(row: dict, single: list, packed: _Packed) -> None:
+    """The source pieces of one delivered row: ``(dataset, starts a document, tokens)`` appended to ``single`` for a
+    row of one sample (its ``Src`` names the dataset), else its pieces to ``packed``. A piece starts a document when
+    it is the document's first (``__piece__`` 0) and, in a concat row, starts at its first token (``DOC_OFFSETS``).
+    Tokens: a packed row's ``cu_seqlens`` (inputs only), a single record's ``num_tokens``; none for rows without."""
+    src = row.get(SRC)
+    if src is None:
+        return
+    if not isinstance(src, list):  # one sample (or one piece of a document split by Tokenize)
+        single.append((int(src[0]), int(not row.get(PIECE, 0)), int(row.get("num_tokens") or 0)))
+        return
+    members = row.get(GROUP_ROWS)
+    if isinstance(members, list):  # a group batch: its member rows
+        for r in members:
+            _pieces(r, single, packed)
+        return
+    if not src:
+        return
+    cu, offsets = row.get("cu_seqlens"), row.get(DOC_OFFSETS)
+    if cu is not None and len(cu) == len(src) + 1:
+        packed.tokens.append(np.diff(cu))
+    else:
+        packed.tokens.append(np.full(len(src), int(row.get("num_tokens") or 0) if len(src) == 1 else 0))
+    packed.positions += [ref[0] for ref in src]
+    packed.pieces += [ref[1] for ref in src]
+    packed.offsets += offsets if offsets is not None else [0] * len(src)
+
+
+def mark_offsets(lanes) -> None:
+    """Ask the concat packers of ``lanes`` (``LanePipeline`` list) to say where each piece of a row starts in its
+    document (``DOC_OFFSETS``, what ``add_micro_batch`` needs to count a document once); ``without_offsets``
+    removes it from the rows before they are collated, so micro-batches stay as they were."""
+    for st in lanes:
+        for _, acc in st.chain:
+            if hasattr(acc, "mark_offsets"):
+                acc.mark_offsets = True
+
+
+def without_offsets(rows: list) -> list:
+    """``rows`` without the ``DOC_OFFSETS`` key (copies of the rows that have it)."""
+    return [{k: v for k, v in r.items() if k != DOC_OFFSETS} if DOC_OFFSETS in r else r for r in rows]

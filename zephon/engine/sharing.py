@@ -29,10 +29,8 @@ def shared_micro_batches(loader, steps):
     sort into the lane's order). Before the last of them in a step, the rest of the step is taken and the
     lane read one row ahead, so its ``__state__`` (with ``emit_state``) is the deterministic step-boundary
     entry."""
-    m = loader.batch.micro_batch_size
-    per_step = loader.rows_per_lane_step // m          # micro-batches of a lane's step
-    b = per_step // loader.lane_shares                 # this rank's micro-batches per step
-    lo, hi = loader.share_index * b, (loader.share_index + 1) * b
+    per_step = loader.rows_per_lane_step // loader.batch.micro_batch_size  # micro-batches of a lane's step
+    lo, hi = own_block(loader)
     held = None  # this rank's last micro-batch of the step, waiting for the rest of the step to be taken
     for mb in steps:
         j = mb[MICRO]
@@ -49,6 +47,14 @@ def shared_micro_batches(loader, steps):
             held = None
     if held is not None:
         yield _settled(loader, held)
+
+
+def own_block(loader) -> tuple[int, int]:
+    """``(lo, hi)``: the micro-batches ``lo <= j < hi`` of each lane step that this rank keeps (all of them when
+    it shares no lane). loader: the ``Loader``."""
+    per_step = loader.rows_per_lane_step // loader.batch.micro_batch_size
+    b = per_step // loader.lane_shares
+    return loader.share_index * b, (loader.share_index + 1) * b
 
 
 def _settled(loader, mb: dict) -> dict:

@@ -5,14 +5,16 @@ worker ran it or how a chunk was cut into units.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..formats import DataError
+from ..formats.remote.fetch import unreported
 from ..ops.base import RecordError
-from ..formats.records import ERROR, PIECE, SRC, Src, src_of
+from ..formats.records import ERROR, SRC, Src, src_of
 
 MAX_REPORTED = 20  # skipped-sample messages kept per unit for the report
 FIRST_SKIPS = 3  # per dataset, the skip messages a SkipLedger error quotes
@@ -34,9 +36,9 @@ class UnitResult:
     skipped_by: dict = field(default_factory=dict)
     kept_by: dict = field(default_factory=dict)
     first_skips: dict = field(default_factory=dict)
-    samples_by: dict = field(default_factory=dict)  # per dataset id: documents out (first pieces), for metrics
-    tokens_by: dict = field(default_factory=dict)   # per dataset id: their tokens (``num_tokens``), for metrics
     times: dict = field(default_factory=dict)       # seconds per stage ("read", then each operator's name)
+    pid: int = 0                                    # the process that ran the unit
+    remote: dict = field(default_factory=dict)      # that process's object-storage counts not reported before
 
     def skip(self, d: int, message: str) -> None:
         """Count one skipped sample of dataset ``d`` (``on_error="skip"``), keeping the first messages."""
@@ -86,19 +88,15 @@ class WorkStage:
                 if op.name == "filter":
                     res.filtered += before - len(records)
             res.records = records
-            kept, samples, tokens = res.kept_by, res.samples_by, res.tokens_by
+            kept = res.kept_by
             for r in records:
                 d = src_of(r).dataset
                 kept[d] = kept.get(d, 0) + 1
-                if not r.get(PIECE):
-                    samples[d] = samples.get(d, 0) + 1
-                n = r.get("num_tokens")
-                if n:
-                    tokens[d] = tokens.get(d, 0) + n
         except RecordError as e:
             res.error = error_for(self.datasets, e.src, str(e))
         except DataError as e:
             res.error = e
+        res.pid, res.remote = os.getpid(), unreported()  # a worker process's downloads reach the loader's metrics
         return res
 
     def hint(self, ptrs) -> None:

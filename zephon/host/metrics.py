@@ -110,8 +110,9 @@ def format_metrics(metrics: dict) -> str:
         f"metrics: {metrics['rows']:,} rows, {metrics['tokens']:,} tokens, padding {metrics['padding_fraction']:.2%} "
         f"of row slots ({metrics['padding_rows']} padding rows), skipped {metrics['skipped']}, filtered "
         f"{metrics['filtered']}",
-        f"  datasets (out of the worker stage, read-ahead included): {ds}",
+        f"  datasets (delivered): {ds}",
         f"  time per stage: {stages}",
         f"  consumer waited {metrics['consumer_wait_s']:.2f}s ({metrics['consumer_wait_fraction']:.1%} of "
         f"{metrics['elapsed_s']:.1f}s), worker utilization {metrics['worker_utilization']:.1%}, remote "
-        f"{r['downloads']} downloads / {r['downloaded_bytes']:,} bytes"])
+        f"{r['downloads']} downloads / {r['downloaded_bytes']:,} bytes, cache {r['cache_hits']} hits / "
+        f"{r['cache_misses']} misses"])

@@ -307,12 +307,7 @@ class WorkSource:
     def pointers(self, lane: int, chunk_id: int, positions: np.ndarray) -> ChunkPointers:
         """Resolve global stream positions to sample pointers. A ``"fill"`` stream's positions past the
         pass resolve as the pass's first positions (the repeats), keeping their own position as identity."""
-        drawn = positions if not self.fill_positions else positions % self.pass_positions
-        if self.step_major:
-            drawn = self._step_major(drawn)
-        if self.period:  # a later quota pass: the endless mixture's period ``period`` (exact at its multiples)
-            drawn = drawn + self.period * self.pass_positions
-        ds, draws = self.mixture.assign(drawn)
+        ds, draws = self._draws(positions)
         shard_ids = np.empty_like(positions)
         sample_idx = np.empty_like(positions)
         passes = np.empty_like(positions)
@@ -325,6 +320,20 @@ class WorkSource:
             shard_ids[sel] = s
             sample_idx[sel] = i
         return ChunkPointers(lane, chunk_id, positions, ds, shard_ids, sample_idx, passes)
+
+    def dataset_ids(self, positions: np.ndarray) -> np.ndarray:
+        """The dataset id of each global stream position (int64 array): ``pointers``' ``dataset_ids`` without
+        resolving shards and samples (the mixture's allocation only)."""
+        return self._draws(positions)[0]
+
+    def _draws(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(dataset ids, draw index within each dataset)`` of global stream positions ``positions``."""
+        drawn = positions if not self.fill_positions else positions % self.pass_positions
+        if self.step_major:
+            drawn = self._step_major(drawn)
+        if self.period:  # a later quota pass: the endless mixture's period ``period`` (exact at its multiples)
+            drawn = drawn + self.period * self.pass_positions
+        return self.mixture.assign(drawn)
 
     def _resolve(self, d: int, passes: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(shards, indexes)`` of draws ``p`` (in ``[0, pass_sizes[d])``) of passes ``passes`` of dataset ``d``.

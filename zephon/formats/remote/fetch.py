@@ -23,8 +23,10 @@ from .urls import scheme_of
 BACKOFF = 0.25       # seconds before the first re-attempt
 MAX_BACKOFF = 8.0    # seconds at most between attempts
 
-STATS = {"downloads": 0, "downloaded_bytes": 0, "range_reads": 0, "range_bytes": 0, "retries": 0}
+STATS = {"downloads": 0, "downloaded_bytes": 0, "range_reads": 0, "range_bytes": 0, "retries": 0,
+         "cache_hits": 0, "cache_misses": 0}
 _stats_lock = threading.Lock()
+_reported = dict(STATS)  # the counts ``unreported`` has handed out in this process
 _backends: dict = {}
 _backends_lock = threading.Lock()
 
@@ -37,9 +39,29 @@ def count(**deltas) -> None:
 
 
 def stats() -> dict:
-    """A copy of this process's counters: downloads, downloaded_bytes, range_reads, range_bytes, retries."""
+    """A copy of this process's counters: downloads, downloaded_bytes, range_reads, range_bytes, retries,
+    cache_hits and cache_misses (a cached shard found fresh, or downloaded: ``RemoteRoot.ensure``)."""
     with _stats_lock:
         return dict(STATS)
+
+
+def unreported() -> dict:
+    """The counts added in this process since the last call (each count is handed out once): how a worker
+    process of the processes runner reports its downloads to the loader, with each unit's result."""
+    with _stats_lock:
+        out = {k: v - _reported[k] for k, v in STATS.items() if v != _reported[k]}
+        _reported.update(STATS)
+        return out
+
+
+def _forked() -> None:
+    """A forked child reports only its own counts, and starts with a free lock (the parent's may be held)."""
+    global _stats_lock
+    _stats_lock = threading.Lock()
+    _reported.update(STATS)
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 _ENV_KEYS = ("S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_PROFILE", "AWS_ACCESS_KEY_ID",

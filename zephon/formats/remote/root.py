@@ -14,7 +14,7 @@ from typing import Callable
 
 from ..errors import DataError
 from .cache import LocalCache, pinned
-from .fetch import MAX_BACKOFF, Fetcher
+from .fetch import MAX_BACKOFF, Fetcher, count
 from .files import CachedFile, RangeFile, RangePread
 from .manifest import ObjectChanged, identity, matches
 from .urls import cache_key, join, parse_size, relative
@@ -89,10 +89,13 @@ class RemoteRoot:
         if not refresh:
             info = self.known.get(rel)
             if info is not None and self.fresh(rel, self.identity(rel, info.size)):
+                count(cache_hits=1)
                 return path
             entry = self.cache.entry(rel)
             if info is None and entry is not None and entry.get("url") == url and os.path.isfile(path):
+                count(cache_hits=1)
                 return path
+            count(cache_misses=1)
         data, etag = self.fetcher.read_object(url)
         with self.cache.lock(rel, url):
             with self.cache.writing([(rel, len(data))], url) as (f,):
@@ -152,9 +155,13 @@ class RemoteRoot:
         check = (hasher, expected) if hasher is not None and expected is not None else None
         path = self.cache.path(rel)
         if self.fresh(rel, want, check):
+            count(cache_hits=1)
             return path
         with self.cache.lock(rel, want["url"]):
-            if not self.fresh(rel, want, check):
+            if self.fresh(rel, want, check):  # another thread or process fetched it meanwhile
+                count(cache_hits=1)
+            else:
+                count(cache_misses=1)
                 self.cache.disown(rel)
                 with self.cache.writing([(rel, size)], want["url"]) as (f,):
                     w = _Hashing(f, hasher() if hasher is not None else None)
