@@ -70,7 +70,7 @@ def _texts(demo_dirs, files, stats):
             with open(f, encoding="utf-8") as fh:
                 for line in fh:
                     text = json.loads(line)["text"]
-                    stats["bytes"] += len(text)
+                    stats["bytes"] += len(text.encode("utf-8"))
                     yield text
     for p in files:
         try:

@@ -1,0 +1,56 @@
+"""The vision-language pipeline of the stall benchmark (``python -m benchmarks --only stall --pipeline vl``).
+
+Data: ``VL_SAMPLES`` natural-looking JPEGs (300-640 px a side) with captions, written once under the workdir by
+the peers' own writers (``benchmarks/freethreaded.py``'s ``prepare``: ``streaming.MDSWriter``, and
+``webdataset`` + ``energon prepare``); the loop reads the MDS copy. Pipeline: ``vision_language_ops`` (DecodeImage,
+RandomResizedCrop to 224 x 224, Normalize, CaptionTokens with the demo's BPE, 64 tokens) + ``Batch``; a step is
+``VL_STEP_IMAGES`` images (the free-threaded benchmark's global batch): ``lanes`` micro-batches of
+``VL_STEP_IMAGES // lanes`` images. The unit of the loader's rate is an image. Configurations: the core runners
+(``zephon.Loader``) and ``zephon_torch`` (its DataLoader, 2 workers, inline runner in each).
+"""
+from __future__ import annotations
+
+VL_CONFIGS = ("inline", "threads", "processes", "zephon_torch")
+VL_SAMPLES, VL_SAMPLES_QUICK = 512, 64
+VL_STEP_IMAGES = 64
+
+
+def prepare_vl(workdir: str, quick: bool) -> dict:
+    """The MDS and Energon copies of the VL samples (written once; see ``benchmarks.freethreaded.prepare``)."""
+    from .freethreaded import prepare
+
+    return prepare(workdir, VL_SAMPLES_QUICK if quick else VL_SAMPLES)
+
+
+def _images(mb) -> int:
+    return len(mb["pixel_values"])
+
+
+def vl_iterator(cfg):
+    """``(iterator, items per step, count(item) -> images, "images")`` for ``cfg["config"]`` over ``cfg["vl"]``.
+
+    cfg: the stall child's configuration (``config``, ``lanes``, ``tokenizer``, ``vl``: ``prepare_vl``'s result).
+    Raises ValueError for a configuration outside ``VL_CONFIGS`` or lanes that do not divide ``VL_STEP_IMAGES``.
+    """
+    from zephon.formats import open_dataset
+    from zephon.ops import Batch, vision_language_ops
+
+    name, lanes = cfg["config"], cfg["lanes"]
+    if name not in VL_CONFIGS:
+        raise ValueError(f"configuration {name!r} has no vision-language pipeline; choose from {VL_CONFIGS}")
+    if VL_STEP_IMAGES % lanes:
+        raise ValueError(f"--lanes {lanes} must divide the VL step of {VL_STEP_IMAGES} images")
+    micro = VL_STEP_IMAGES // lanes
+    datasets = [open_dataset(cfg["vl"]["mds"], format="mds")]
+    ops = vision_language_ops(image="jpeg", caption="caption", tokenizer=cfg["tokenizer"], max_length=64)
+    ops.append(Batch(micro))
+    common = {"seed": 0, "canonical_replicas": lanes, "chunk_size": 64, "global_batch_size": VL_STEP_IMAGES,
+              "unit_size": 16}
+    if name == "zephon_torch":
+        from zephon_torch import DataLoader, ZephonIterableDataset
+
+        ds = ZephonIterableDataset(datasets, ops, dp_degree=1, dp_rank=0, **common)
+        return iter(DataLoader(ds, batch_size=None, num_workers=2, prefetch_factor=4)), lanes, _images, "images"
+    from zephon.engine import Loader
+
+    return iter(Loader(datasets, ops, runner=name, num_workers=2, **common)), lanes, _images, "images"
