@@ -63,5 +63,5 @@ def test_cores_table_counts_every_token_of_the_pass(tmp_path, capsys):
     runs = [line for line in out.splitlines() if line.strip().startswith("round ")]
     assert [int(r.split(": ")[1].split(" tokens")[0]) for r in runs] == [expected] * len(configs), runs
     for r in rows:  # cores per GPU grow with the GPU's rate, in proportion
-        cores = [float(x) for x in r.split(" | ")[4:4 + len(GPU_RATES)]]
+        cores = [float(x) for x in r.split(" | ")[5:5 + len(GPU_RATES)]]
         assert cores == sorted(cores) and cores[-1] > 0
