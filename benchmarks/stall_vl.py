@@ -5,8 +5,9 @@ the peers' own writers (``benchmarks/freethreaded.py``'s ``prepare``: ``streamin
 ``webdataset`` + ``energon prepare``); the loop reads the MDS copy. Pipeline: ``vision_language_ops`` (DecodeImage,
 RandomResizedCrop to 224 x 224, Normalize, CaptionTokens with the demo's BPE, 64 tokens) + ``Batch``; a step is
 ``VL_STEP_IMAGES`` images (the free-threaded benchmark's global batch): ``lanes`` micro-batches of
-``VL_STEP_IMAGES // lanes`` images. The unit of the loader's rate is an image. Configurations: the core runners
-(``zephon.Loader``) and ``zephon_torch`` (its DataLoader, 2 workers, inline runner in each).
+``VL_STEP_IMAGES // lanes`` images (``zephon_torch``'s DataLoader yields the step as one item). The unit of the
+loader's rate is an image. Configurations: the core runners (``zephon.Loader``) and ``zephon_torch`` (its
+DataLoader, 2 workers, inline runner in each).
 """
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def vl_iterator(cfg):
         from zephon_torch import DataLoader, ZephonIterableDataset
 
         ds = ZephonIterableDataset(datasets, ops, dp_degree=1, dp_rank=0, **common)
-        return iter(DataLoader(ds, batch_size=None, num_workers=2, prefetch_factor=4)), lanes, _images, "images"
+        # its DataLoader hands over a step's rows as one item (64 images), not one item per lane
+        return iter(DataLoader(ds, batch_size=None, num_workers=2, prefetch_factor=4)), 1, _images, "images"
     from zephon.engine import Loader
 
     return iter(Loader(datasets, ops, runner=name, num_workers=2, **common)), lanes, _images, "images"
