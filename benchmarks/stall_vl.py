@@ -6,12 +6,14 @@ the peers' own writers (``benchmarks/freethreaded.py``'s ``prepare``: ``streamin
 RandomResizedCrop to 224 x 224, Normalize, CaptionTokens with the demo's BPE, 64 tokens) + ``Batch``; a step is
 ``VL_STEP_IMAGES`` images (the free-threaded benchmark's global batch): ``lanes`` micro-batches of
 ``VL_STEP_IMAGES // lanes`` images (``zephon_torch``'s DataLoader yields the step as one item). The unit of the
-loader's rate is an image. Configurations: the core runners (``zephon.Loader``) and ``zephon_torch`` (its
-DataLoader, 2 workers, inline runner in each).
+loader's rate is an image. Configurations: the core runners (``zephon.Loader``), ``zephon_torch`` (its
+DataLoader, 2 workers, inline runner in each) and ``zephon_streaming`` (its ``StreamingDataset`` over the MDS,
+batch 8, 2 workers, the same operators in the DataLoader's ``collate_fn``, as a Mosaic user's transform: 8
+batches a step).
 """
 from __future__ import annotations
 
-VL_CONFIGS = ("inline", "threads", "processes", "zephon_torch")
+VL_CONFIGS = ("inline", "threads", "processes", "zephon_torch", "zephon_streaming")
 VL_SAMPLES, VL_SAMPLES_QUICK = 512, 64
 VL_STEP_IMAGES = 64
 
@@ -25,6 +27,28 @@ def prepare_vl(workdir: str, quick: bool) -> dict:
 
 def _images(mb) -> int:
     return len(mb["pixel_values"])
+
+
+class _Collate:
+    """A DataLoader ``collate_fn``: MDS samples (``jpeg`` a PIL image, ``caption``) through ``ops``, stacked."""
+
+    def __init__(self, ops):
+        self.ops, self.seen = ops, 0
+
+    def __call__(self, samples):
+        import numpy as np
+
+        # the operators key their crops by a source pointer: a running count stands in for one
+        recs = [dict(s, __src__=(0, 0, self.seen + k)) for k, s in enumerate(samples)]
+        self.seen += len(samples)
+        for op in self.ops:
+            recs = op.process_many(recs)
+        return {k: np.stack([r[k] for r in recs]) for k in ("pixel_values", "input_ids", "attention_mask")}
+
+
+def _epochs(dl):
+    while True:  # Mosaic's loader is one epoch per iteration; a training loop starts the next
+        yield from dl
 
 
 def vl_iterator(cfg):
@@ -42,6 +66,14 @@ def vl_iterator(cfg):
     if VL_STEP_IMAGES % lanes:
         raise ValueError(f"--lanes {lanes} must divide the VL step of {VL_STEP_IMAGES} images")
     micro = VL_STEP_IMAGES // lanes
+    if name == "zephon_streaming":
+        from zephon_streaming import StreamingDataLoader, StreamingDataset
+
+        ds = StreamingDataset(local=cfg["vl"]["mds"], batch_size=8, shuffle=True, shuffle_seed=17)
+        collate = _Collate(vision_language_ops(image="jpeg", caption="caption", tokenizer=cfg["tokenizer"],
+                                               max_length=64))
+        dl = StreamingDataLoader(ds, batch_size=8, num_workers=2, prefetch_factor=4, collate_fn=collate)
+        return _epochs(dl), VL_STEP_IMAGES // 8, _images, "images"
     datasets = [open_dataset(cfg["vl"]["mds"], format="mds")]
     ops = vision_language_ops(image="jpeg", caption="caption", tokenizer=cfg["tokenizer"], max_length=64)
     ops.append(Batch(micro))
