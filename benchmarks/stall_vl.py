@@ -9,11 +9,13 @@ RandomResizedCrop to 224 x 224, Normalize, CaptionTokens with the demo's BPE, 64
 loader's rate is an image. Configurations: the core runners (``zephon.Loader``), ``zephon_torch`` (its
 DataLoader, 2 workers, inline runner in each) and ``zephon_streaming`` (its ``StreamingDataset`` over the MDS,
 batch 8, 2 workers, the same operators in the DataLoader's ``collate_fn``, as a Mosaic user's transform: 8
-batches a step).
+batches a step) and ``zephon_energon`` (``get_train_dataset`` over the Energon copy, whose decoder gives float
+tensors; a TaskEncoder crops, resizes and normalizes them with torchvision and tokenizes the captions with
+``CaptionTokens``, as an Energon user's would; batch 8, 2 workers, 8 batches a step).
 """
 from __future__ import annotations
 
-VL_CONFIGS = ("inline", "threads", "processes", "zephon_torch", "zephon_streaming")
+VL_CONFIGS = ("inline", "threads", "processes", "zephon_torch", "zephon_streaming", "zephon_energon")
 VL_SAMPLES, VL_SAMPLES_QUICK = 512, 64
 VL_STEP_IMAGES = 64
 
@@ -46,6 +48,36 @@ class _Collate:
         return {k: np.stack([r[k] for r in recs]) for k in ("pixel_values", "input_ids", "attention_mask")}
 
 
+def _energon_encoder_cls(mod):
+    """A TaskEncoder (subclass of ``mod.DefaultTaskEncoder``) for CaptioningSample: image -> 224 x 224 crop,
+    normalized; caption -> ``CaptionTokens`` ids; batches ``{"pixel_values", "input_ids", "attention_mask"}``."""
+    import numpy as np
+    import torch
+    from torchvision.transforms import v2
+
+    from zephon.ops.vision import CaptionTokens
+
+    class VLEncoder(mod.DefaultTaskEncoder):
+        def __init__(self, tok_path):
+            super().__init__()
+            self.crop = v2.Compose([v2.RandomResizedCrop(224, antialias=True),
+                                    v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+            self.captions = CaptionTokens(tok_path, max_length=64)
+
+        def encode_sample(self, sample):
+            return self.crop(sample.image), sample.caption
+
+        def batch(self, samples):
+            rows = self.captions.process_many([{"caption": c} for _, c in samples])
+            return {"pixel_values": torch.stack([p for p, _ in samples]),
+                    **{k: torch.from_numpy(np.stack([r[k] for r in rows])) for k in ("input_ids", "attention_mask")}}
+
+        def encode_batch(self, batch):
+            return batch
+
+    return VLEncoder
+
+
 def _epochs(dl):
     while True:  # Mosaic's loader is one epoch per iteration; a training loop starts the next
         yield from dl
@@ -74,6 +106,14 @@ def vl_iterator(cfg):
                                                max_length=64))
         dl = StreamingDataLoader(ds, batch_size=8, num_workers=2, prefetch_factor=4, collate_fn=collate)
         return _epochs(dl), VL_STEP_IMAGES // 8, _images, "images"
+    if name == "zephon_energon":
+        import zephon_energon as mod
+
+        wc = mod.WorkerConfig(rank=0, world_size=1, num_workers=2)
+        ds = mod.get_train_dataset(cfg["vl"]["energon"], worker_config=wc, batch_size=8, shuffle_buffer_size=100,
+                                   max_samples_per_sequence=100,
+                                   task_encoder=_energon_encoder_cls(mod)(cfg["tokenizer"]))
+        return iter(mod.get_loader(ds, worker_config=wc, prefetch_factor=4)), VL_STEP_IMAGES // 8, _images, "images"
     datasets = [open_dataset(cfg["vl"]["mds"], format="mds")]
     ops = vision_language_ops(image="jpeg", caption="caption", tokenizer=cfg["tokenizer"], max_length=64)
     ops.append(Batch(micro))

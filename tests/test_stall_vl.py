@@ -7,7 +7,7 @@ pytest.importorskip("PIL")
 pytest.importorskip("streaming")
 
 
-@pytest.mark.parametrize("config", ["threads", "zephon_streaming"])
+@pytest.mark.parametrize("config", ["threads", "zephon_streaming", "zephon_energon"])
 def test_vl_pipeline_steps_are_images_with_captions(config):
     """A step is 64 decoded, resized images with their captions' tokens, read from the MDS copy of the samples."""
     from tokenizers import Tokenizer
