@@ -72,6 +72,8 @@ SECTIONS = [
             _own("throughput.vs_raw", ("workdir", "quick", "repeats")), True),
     Section("stall", None, "data stall of a paced training loop per runner and adapter, at the demo's settings "
             "(benchmarks/stall.py)", _own("stall", ("workdir", "quick", "repeats")), True),
+    Section("cores", None, "cores per GPU: tokens per CPU-second of the demo pipeline with a 128k BPE trained here "
+            "(benchmarks/cores/)", _own("cores.measure", ("workdir", "quick", "repeats")), True),
     Section("checkpoint-cost", None, "Zephon checkpoint size and resume cost against step and chunk size "
             "(benchmarks/checkpoints/cost.py)", _own("checkpoints.cost", ("workdir", "quick")), True),
     Section("restore", None, "restore against cold start as the shuffle buffer grows "

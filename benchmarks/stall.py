@@ -3,7 +3,7 @@
     python -m benchmarks --only stall [--quick] [--repeats 3] [--headroom 1.2] [--matmul-ms 0] [--steps 16]
                                       [--warmup 8] [--lanes 64]
                                       [--configs inline,threads,processes,zephon_torch,zephon_streaming,zephon_energon]
-                                      [--tokenizer PATH]
+                                      [--tokenizer PATH] [--pipeline demo|vl]
 
 Each configuration runs in a fresh subprocess, rounds interleaved (round r rotates the order by r). In it: the
 loader at the demo's settings (``zephon demo``: 64 lanes, chunk 256, Decode + Tokenize + Pack(2048, best_fit) +
@@ -33,6 +33,7 @@ import statistics
 import time
 
 from .common import RssWatch, markdown_table, run_child
+from .stall_vl import VL_CONFIGS, prepare_vl, vl_iterator
 
 CONFIGS = ("inline", "threads", "processes", "zephon_torch", "zephon_streaming", "zephon_energon")
 LANES, SEQ = 64, 2048
@@ -64,6 +65,8 @@ def _mask_tokens(mb) -> int:
 def _iterator(cfg):
     """``(iterator, items per step, count(item) -> tokens, what the count is)`` for ``cfg["config"]``."""
     name = cfg["config"]
+    if cfg.get("pipeline") == "vl":  # images: benchmarks/stall_vl.py
+        return vl_iterator(cfg)
     if name in ("inline", "threads", "processes"):
         return iter(_core_loader(cfg, name)), cfg["lanes"], _mask_tokens, "tokens"
     if name == "zephon_torch":
@@ -163,8 +166,9 @@ def table(results: dict) -> str:
         def mm(key, scale=1.0, spec=".2f"):
             xs = [r[key] * scale for r in rs]
             return f"{statistics.median(xs):{spec}} ({min(xs):{spec}}-{max(xs):{spec}})"
-        u = rs[0]["unit"]
-        rows.append([name, f"{mm('loader_rate', 1e-3, '.0f')}k {u}/s", f"{mm('target', 1e-3, '.0f')}k {u}/s",
+        k, u = (1e-3, "k ") if rs[0]["loader_rate"] >= 1e4 else (1.0, " ")  # images: a few hundred per second
+        u += rs[0]["unit"]
+        rows.append([name, f"{mm('loader_rate', k, '.0f')}{u}/s", f"{mm('target', k, '.0f')}{u}/s",
                      f"{rs[0]['per_step']} x, {statistics.median(r['step_ms'] for r in rs):.0f} ms",
                      mm("stall", 100, ".1f") + " %", f"{statistics.median(r['max_wait_s'] for r in rs) * 1e3:.0f}",
                      f"{statistics.median(r['startup_s'] for r in rs):.1f}",
@@ -187,7 +191,11 @@ def main(argv=None) -> int:
     ap.add_argument("--headroom", type=float, default=1.2, help="loader throughput / target (default 1.2)")
     ap.add_argument("--matmul-ms", type=float, default=0.0, help="CPU matmul per step, ms (1 BLAS thread)")
     ap.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the demo's 8192-token BPE)")
+    ap.add_argument("--pipeline", choices=("demo", "vl"), default="demo",
+                    help="demo: text (the default); vl: images + captions, configs from " + ",".join(VL_CONFIGS))
     args = ap.parse_args(argv)
+    if args.pipeline == "vl" and args.configs == ",".join(CONFIGS):
+        args.configs = ",".join(VL_CONFIGS)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     bad = [c for c in configs if c not in CONFIGS]
     if bad:
@@ -197,10 +205,11 @@ def main(argv=None) -> int:
     m = prepare(args.workdir, quick=args.quick, log=lambda *_: None)
     cfg = {"manifest": m, "data": m["jsonl"], "tokenizer": args.tokenizer or m["tokenizer"],
            "steps": args.steps or (4 if args.quick else 16), "warmup": args.warmup or (1 if args.quick else 8),
-           "headroom": args.headroom, "lanes": args.lanes, "matmul_ms": args.matmul_ms}
+           "headroom": args.headroom, "lanes": args.lanes, "matmul_ms": args.matmul_ms, "pipeline": args.pipeline,
+           "vl": prepare_vl(args.workdir, args.quick) if args.pipeline == "vl" else None}
     repeats = args.repeats or (1 if args.quick else 3)
     print(f"# stall: {configs}, {args.lanes} lanes, steps={cfg['steps']} (+{cfg['warmup']} warm-up), "
-          f"headroom {args.headroom}, "
+          f"{args.pipeline} pipeline, headroom {args.headroom}, "
           f"matmul {args.matmul_ms} ms/step, tokenizer {os.path.basename(cfg['tokenizer'])}, {repeats} rounds, "
           f"nproc={os.cpu_count()}, load {os.getloadavg()[0]:.2f}", flush=True)
     results = {c: [] for c in configs}

@@ -172,14 +172,6 @@ def build_tokenizer(workdir, corpus_dirs, vocab_size: int = 8192) -> str:
 
 def _train_tokenizer(path: Path, corpus_dirs, vocab_size: int) -> None:
     """Train the byte-level BPE of ``build_tokenizer`` and write it to ``path`` atomically."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-
     def texts():
         for d in corpus_dirs:
             for f in sorted(Path(d).glob("*.jsonl")):
@@ -187,7 +179,30 @@ def _train_tokenizer(path: Path, corpus_dirs, vocab_size: int) -> None:
                     for line in fh:
                         yield json.loads(line)["text"]
 
-    tok.train_from_iterator(texts(), trainer)
+    train_byte_level_bpe(path, texts(), vocab_size)
+
+
+def train_byte_level_bpe(path, texts, vocab_size: int, split_pattern: str | None = None) -> None:
+    """Train a byte-level BPE (special tokens ``SPECIAL_TOKENS`` first, the 256 byte symbols) on ``texts`` and
+    write its ``tokenizer.json`` to ``path`` atomically.
+
+    path: the file to write. texts: an iterable of str. vocab_size: the target vocabulary (training stops short of
+    it when the texts have no more merges). split_pattern: a regex that splits text before the byte-level mapping
+    (Llama-3's ``Split`` + ``ByteLevel(use_regex=False)``); None: GPT-2's split built into ``ByteLevel``.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    if split_pattern is None:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split_pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
     atomic_write(path, tok.to_str(pretty=True))  # what tok.save(path) writes, never half of it
 
 
