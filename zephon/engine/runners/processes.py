@@ -24,12 +24,12 @@ import threading
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
+from multiprocessing import process as mp_process
 from pathlib import Path
 
 from .. import columns, shm
 from .base import Runner
 from .guard import UnguardedMainError, check_main_guarded
-from .spawn import preparation_data, tokenizer_threads_env
 from .worker import recv_msg, send_msg
 
 log = logging.getLogger("zephon")
@@ -58,6 +58,21 @@ class _Worker:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+
+def _preparation_data() -> dict:
+    """What a spawned worker needs to unpickle the stage as ``multiprocessing``'s spawn would (sys.path,
+    argv, working directory, the main module), without fixing the parent's start method."""
+    orig = mp_process.ORIGINAL_DIR
+    d = {"sys_path": [orig if p == "" else p for p in sys.path], "sys_argv": list(sys.argv),
+         "dir": os.getcwd(), "orig_dir": orig}
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is not None:
+        d["init_main_from_name"] = name
+    elif getattr(main, "__file__", None):
+        d["init_main_from_path"] = os.path.normpath(os.path.join(orig or "", main.__file__))
+    return d
 
 
 def _exit_text(rc) -> str:
@@ -115,7 +130,7 @@ class ProcessRunner(Runner):
             raise type(e)(f"runner='processes' sends the pipeline to each worker process, so every operator's "
                           f"function must be importable there (a module-level def, not a lambda, closure or "
                           f"method of a local object); operators on workers: {ops or '?'}; pickle said: {e}") from e
-        self._prep = preparation_data()
+        self._prep = _preparation_data()
         # Reentrant: close() may run from a finalizer (a garbage collection) on the manager thread holding it.
         self._lock = threading.RLock()
         self._tasks: dict[int, _Task] = {}
@@ -189,7 +204,7 @@ class ProcessRunner(Runner):
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[3])  # the directory holding the zephon package
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        env.update(tokenizer_threads_env(self.num_workers, env))
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")  # one process per core already
         cmd = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", _WORKER_CMD,
                str(child.fileno()), str(os.getpid())]
         try:
