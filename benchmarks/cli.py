@@ -96,6 +96,9 @@ SECTIONS = [
             "to first batch per rank (benchmarks/scale.py)", _own("scale", ("quick",)), True),
     Section("first-batch", None, "documents read and seconds to the first global batch at 8/64/512 lanes, cold and "
             "restored (benchmarks/first_batch.py)", _own("first_batch", ("workdir", "quick")), True),
+    Section("first-batch-peers", None, "cold seconds to the first batch, Zephon beside Grain, torch, Mosaic Streaming "
+            "and Energon (benchmarks/first_batch_peers.py)", _own("first_batch_peers", ("workdir", "quick", "repeats")),
+            True),
     Section("curricula", None, "realised dataset shares under a curriculum schedule (benchmarks/curricula.py)",
             _own("curricula", ()), True),
     Section("titan", None, "loss curves through TorchTitan's own Trainer on CPU: checkpoint on 4 ranks, resume on 1 "

@@ -45,6 +45,7 @@ import platform
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 from benchmarks.common import REPO, RESULT_TAG, cpu_model
 
@@ -55,9 +56,16 @@ DEFAULT_RUNNERS = "inline,threads,processes,threads+concat,torch"
 
 # --------------------------------------------------------------------------------- orchestration
 
+def split_config(cfg: str) -> tuple[str, str, int | None]:
+    """``[before:]RUNNER[+concat][@LANES]`` -> (``before`` or ``""``, the child's configuration, lanes or None)."""
+    body, _, lanes = cfg.removeprefix("before:").partition("@")
+    return ("before" if cfg.startswith("before:") else ""), body, int(lanes) if lanes else None
+
+
 def child_argv(args, cfg: str) -> list[str]:
-    argv = [sys.executable, "-m", "benchmarks", "--only", "throughput", "--child", cfg, "--workdir", args.workdir,
-            "--workers", str(args.workers), "--canonical-replicas", str(args.canonical_replicas),
+    _, body, lanes = split_config(cfg)  # lanes as the option, so an older checkout's child understands it too
+    argv = [sys.executable, "-m", "benchmarks", "--only", "throughput", "--child", body, "--workdir", args.workdir,
+            "--workers", str(args.workers), "--canonical-replicas", str(lanes or args.canonical_replicas),
             "--format", args.format, "--seq-len", str(args.seq_len), "--chunk-size", str(args.chunk_size),
             "--unit-size", str(args.unit_size), "--micro-batch-size", str(args.micro_batch_size),
             "--shuffle-buffer", str(args.shuffle_buffer), "--seed", str(args.seed),
@@ -68,9 +76,12 @@ def child_argv(args, cfg: str) -> list[str]:
 
 
 def run_config(args, cfg: str) -> dict | None:
+    """One child run of ``cfg``; a ``before:`` configuration runs on the ``--before`` checkout (its zephon and its
+    benchmark child), in the same round as the others."""
+    root = args.before if split_config(cfg)[0] else str(REPO)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    proc = subprocess.run(child_argv(args, cfg), cwd=str(REPO), env=env, capture_output=True, text=True)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    proc = subprocess.run(child_argv(args, cfg), cwd=root, env=env, capture_output=True, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_TAG):
             return json.loads(line[len(RESULT_TAG):])
@@ -98,6 +109,12 @@ def fmt_opt(x, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+def config_name(cfg: str) -> str:
+    """A zephon configuration's row name: ``zephon/RUNNER[+concat][@LANES]``, `` (before)`` for the old checkout."""
+    before, body, lanes = split_config(cfg)
+    return f"zephon/{body}" + (f", {lanes} lanes" if lanes else "") + (" (before)" if before else "")
+
+
 def summarize(results: dict, configs: list[str]) -> list[str]:
     """Markdown table, one row per configuration. ratio: median tokens/s over raw's median tokens/s;
     per-round ratios: against the raw run of the same round (shows the noise)."""
@@ -107,22 +124,24 @@ def summarize(results: dict, configs: list[str]) -> list[str]:
         if rs:
             med[cfg] = statistics.median(r["tokens"] / r["seconds"] for r in rs)
     base, torch_med = med.get("raw"), med.get("torch")
-    cols = ["configuration", "tokens/s median (min-max)", "ratio vs raw", "per-round ratios", "vs torch", "pass s",
+    cols = ["configuration", "tokens/s median (min-max)", "ratio vs raw", "per-round ratios", "vs torch",
+            "per-round vs torch", "pass s",
             "CPU s (cores busy)", "tokens/CPU-s", "startup s", "1st batch s", "rows", "peak RSS MiB main / worker",
             "reps"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for cfg in configs:
         runs = results[cfg]
         rs = [r for r in runs if r]
-        name = cfg if cfg.startswith("raw") else "torch DataLoader" if cfg == "torch" else f"zephon/{cfg}"
+        name = cfg if cfg.startswith("raw") else "torch DataLoader" if cfg == "torch" else config_name(cfg)
         if not rs:
             lines.append(f"| {name} | failed |" + " |" * (len(cols) - 3) + f" 0/{len(runs)} |")
             continue
         rates = [r["tokens"] / r["seconds"] for r in rs]
-        per_round = []
-        for r, b in zip(runs, results.get("raw", [])):
-            if r and b:
-                per_round.append(f"{(r['tokens'] / r['seconds']) / (b['tokens'] / b['seconds']):.2f}")
+        per_round, per_torch = [], []
+        for r, b, t in zip(runs, results.get("raw", [None] * len(runs)), results.get("torch", [None] * len(runs))):
+            for ref, out in ((b, per_round), (t, per_torch)):
+                if r and ref:
+                    out.append(f"{(r['tokens'] / r['seconds']) / (ref['tokens'] / ref['seconds']):.2f}")
         cpu = statistics.median(r["cpu"] for r in rs)
         startup = [r["startup"] for r in rs if r.get("startup") is not None]
         first = [r["first_batch"] for r in rs if r.get("first_batch") is not None]
@@ -133,6 +152,7 @@ def summarize(results: dict, configs: list[str]) -> list[str]:
             f"{med[cfg] / base:.2f}" if base else "-",
             " ".join(per_round) or "-",
             f"{med[cfg] / torch_med:.2f}" if torch_med else "-",
+            " ".join(per_torch) or "-",
             f"{statistics.median(r['seconds'] for r in rs):.2f}",
             f"{cpu:.2f} ({statistics.median(r['cpu'] / r['seconds'] for r in rs):.1f})",
             fmt_rate(statistics.median(r["tokens"] / r["cpu"] for r in rs if r["cpu"] > 0)),
@@ -158,8 +178,8 @@ def stage_table(results: dict, configs: list[str]) -> list[str]:
         rs = [r for r in results[c] if r and r.get("stage_s")]
         if rs:
             cells = [f"{statistics.median(r['stage_s'].get(k, 0.0) for r in rs):.2f}" for k in stages]
-            lines.append(f"| zephon/{c} | {statistics.median(r['seconds'] for r in rs):.2f} | " + " | ".join(cells)
-                         + " |")
+            wall = statistics.median(r["seconds"] for r in rs)
+            lines.append(f"| {config_name(c)} | {wall:.2f} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -188,6 +208,9 @@ def main(argv=None) -> int:
                     help="the corpus BPE's target vocabulary (trained once into the workdir; training stops "
                          "earlier when the corpus has no more merges)")
     ap.add_argument("--no-raw-read", action="store_true", help="skip the raw+read reference row")
+    ap.add_argument("--before", metavar="DIR",
+                    help="also run every zephon configuration on the checkout in DIR (e.g. `git archive OLD | tar -x "
+                         "-C DIR`), in the same rounds: rows marked (before), a fair before/after on a noisy machine")
     ap.add_argument("--child", metavar="CONFIG",
                     help="internal: run one configuration (raw, raw+read or a runner) in this process and print "
                          "its result as JSON; combine with --profile to profile it")
@@ -201,10 +224,14 @@ def main(argv=None) -> int:
     repeats = args.repeats or (1 if args.quick else 3)
     runners = [r.strip() for r in args.runners.split(",") if r.strip()]
     from zephon.engine import RUNNERS
-    bad = [r for r in runners if r != "torch" and r.partition("+")[0] not in RUNNERS
-           or r.partition("+")[2] not in ("", "concat")]
+    bad = [r for r in runners if r != "torch" and (split_config(r)[1].partition("+")[0] not in RUNNERS
+                                                   or split_config(r)[1].partition("+")[2] not in ("", "concat"))]
     if bad:
-        ap.error(f"unknown runner(s) {bad}; choose from {RUNNERS}, each optionally +concat, or torch")
+        ap.error(f"unknown runner(s) {bad}; choose from {RUNNERS}, each optionally +concat and @LANES, or torch")
+    if args.before:
+        if not (Path(args.before) / "zephon").is_dir():
+            ap.error(f"--before {args.before}: no zephon/ there (unpack a commit: git archive COMMIT | tar -x -C DIR)")
+        runners += [f"before:{r}" for r in runners if r != "torch"]
 
     # Build the corpus, tokenizer and JSONL index caches once, before any child (so no child builds them).
     sources, sources_tok = corpus_paths(args)
@@ -220,7 +247,8 @@ def main(argv=None) -> int:
           f"chunk_size={args.chunk_size}, shuffle_buffer={args.shuffle_buffer}, repeats={repeats}, "
           f"tokenizer {os.path.basename(sources_tok)} ({vocab} tokens)")
     print(f"# machine: nproc={os.cpu_count()}, cpu={cpu_model()}, python={platform.python_version()}, "
-          f"{datetime.datetime.now().astimezone().isoformat(timespec='seconds')}, code {code_version()}", flush=True)
+          f"{datetime.datetime.now().astimezone().isoformat(timespec='seconds')}, code {code_version()}"
+          + (f", before: {args.before}" if args.before else ""), flush=True)
 
     load_before = os.getloadavg()[0]
     results = {cfg: [] for cfg in configs}
@@ -246,7 +274,8 @@ def main(argv=None) -> int:
         print(f"token counts agree: every configuration delivered {next(iter(ref))} real tokens per pass")
     print()
     print("\n".join(stage_table(results, [c for c in runners if c != "torch"])))
-    digests = {r["digest"] for cfg in runners if "+" not in cfg and cfg != "torch" for r in results[cfg] if r}
+    digests = {r["digest"] for cfg in runners if "+" not in cfg and "@" not in cfg and cfg != "torch"
+               for r in results[cfg] if r}
     if len(digests) == 1:
         print(f"output digest {next(iter(digests))}: identical bytes from every runner and repetition")
     elif digests:

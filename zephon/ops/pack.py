@@ -17,6 +17,7 @@ split across rows). See docs/concepts.md (packing).
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from itertools import accumulate
 
 import numpy as np
 
@@ -183,21 +184,21 @@ class PackAccumulator(Accumulator):
 
     def _row(self, docs: list[dict]) -> dict:
         """One packed row of ``docs`` (in order), padded to ``max_length``."""
-        cap = self.cap
-        lens = [d["input_ids"].size for d in docs]
-        used = sum(lens)
-        ids = np.full(cap, self.op.pad_id, dtype=np.int32)
-        if docs:
-            ids[:used] = np.concatenate([d["input_ids"] for d in docs])
+        cap, op = self.cap, self.op
+        arrs = [d["input_ids"] for d in docs]
+        lens = [a.size for a in arrs]
+        bounds = [0, *accumulate(lens)]  # Python ints: numpy's cumsum of a short list costs more than the row
+        used = bounds[-1]
+        ids = np.full(cap, op.pad_id, dtype=np.int32)
+        if arrs:
+            ids[:used] = np.concatenate(arrs) if len(arrs) > 1 else arrs[0]
         labels = ids.copy()
-        labels[used:] = self.op.label_pad
-        cu = np.zeros(len(docs) + 1, dtype=np.int32)
-        np.cumsum(lens, out=cu[1:])
-        starts = cu[:-1][np.asarray(lens) > 0]
-        labels[starts] = self.op.label_pad
+        labels[used:] = op.label_pad
+        labels[[b for b, n in zip(bounds, lens) if n]] = op.label_pad  # each document's first token
+        cu = np.array(bounds, dtype=np.int32)
         pos = np.zeros(cap, dtype=np.int32)
-        for start, n in zip(cu[:-1], lens):
-            pos[start:start + n] = self._positions[:n]
+        if used:  # positions restart at 0 in each document
+            pos[:used] = self._positions[:used] - np.repeat(cu[:-1], lens)
         mask = np.zeros(cap, dtype=np.uint8)
         mask[:used] = 1
         return {"input_ids": ids, "labels": labels, "position_ids": pos, "attention_mask": mask,

@@ -10,6 +10,7 @@ finite lane emits a partly filled row. See docs/concepts.md (packing).
 from __future__ import annotations
 
 from collections import deque
+from itertools import accumulate
 
 import numpy as np
 
@@ -100,14 +101,13 @@ class ConcatAccumulator(Accumulator):
         """The row of ``segments`` (``(record, start, n)``, the window's tokens in order), ``take`` of them inputs,
         padded to ``max_length``."""
         cap, op = self.cap, self.op
-        tokens = np.concatenate([r["input_ids"][s:s + n] for r, s, n in segments]) if segments else \
-            np.zeros(0, dtype=np.int32)
-        # where each segment starts in the window, and whether that is a document's (a record's) first token
-        lens = [n for _, _, n in segments]
-        starts = np.zeros(len(segments), dtype=np.int64)
-        np.cumsum(lens[:-1], out=starts[1:])
+        parts = [r["input_ids"][s:s + n] for r, s, n in segments]
+        tokens = (np.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else np.zeros(0, dtype=np.int32)
+        # where each segment starts in the window (Python ints: numpy's cumsum of a short list costs more than the
+        # row), and whether that is a document's (a record's) first token
+        starts = list(accumulate([n for _, _, n in segments[:-1]], initial=0)) if segments else []
         doc_start = np.zeros(tokens.size + 1, dtype=bool)
-        doc_start[starts[[s == 0 for _, s, _ in segments]]] = True
+        doc_start[[st for st, (_, s, _) in zip(starts, segments) if s == 0]] = True
         ids = np.full(cap, op.pad_id, dtype=np.int32)
         ids[:take] = tokens[:take]
         labels = np.full(cap, op.label_pad, dtype=np.int32)
@@ -118,11 +118,11 @@ class ConcatAccumulator(Accumulator):
             labels[:take] = np.where(doc_start[:take], op.label_pad, tokens[:take])
         # the inputs' segments: cu_seqlens and positions restart at each document and at the row's start
         members = [(r, s, n) for (r, s, n), st in zip(segments, starts) if st < take]
-        cu = np.zeros(len(members) + 1, dtype=np.int32)
-        np.cumsum([min(n, take - st) for (_, _, n), st in zip(members, starts)], out=cu[1:])
+        lens = [min(n, take - st) for (_, _, n), st in zip(members, starts)]
+        cu = np.array([0, *accumulate(lens)], dtype=np.int32)
         pos = np.zeros(cap, dtype=np.int32)
-        for a, b in zip(cu[:-1], cu[1:]):
-            pos[a:b] = self._positions[:b - a]
+        if take:
+            pos[:take] = self._positions[:take] - np.repeat(cu[:-1], lens)
         mask = np.zeros(cap, dtype=np.uint8)
         mask[:take] = 1
         row = {"input_ids": ids, "labels": labels, "position_ids": pos, "attention_mask": mask,

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from multiprocessing import process as mp_process
 from pathlib import Path
 
-from .. import shm
+from .. import columns, shm
 from .base import Runner
 from .guard import UnguardedMainError, check_main_guarded
 from .worker import recv_msg, send_msg
@@ -98,7 +98,8 @@ def describe_unit(stage, ptrs) -> str:
 
 class ProcessRunner(Runner):
     """Worker processes, each given the stage once at start. Units travel as numpy pointer arrays;
-    results as pickles, with arrays of ``shm_threshold`` bytes or more in shared memory (``engine.shm``).
+    results as pickles of their records' columns (``engine.columns``), with arrays of ``shm_threshold`` bytes or
+    more in shared memory (``engine.shm``).
 
     stage: the ``WorkStage`` (picklable: operators' functions must be module-level).
     num_workers: worker processes (>= 1).
@@ -288,7 +289,7 @@ class ProcessRunner(Runner):
             msg = recv_msg(w.sock)
             if msg[0] == "ok":
                 _, tid, res, size, has_fd = msg
-                res.records = shm.unpack(res.records, shm.recv_fd(w.sock) if has_fd else None, size)
+                res.records = columns.decode(shm.unpack(res.records, shm.recv_fd(w.sock) if has_fd else None, size))
             elif msg[0] == "fatal" and msg[3:] == ("unguarded",):
                 self._fail_all(UnguardedMainError(msg[2]))
                 return

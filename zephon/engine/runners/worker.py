@@ -145,13 +145,14 @@ def _setup(sock):
 
 
 def _serve(sock, stage, item, threshold) -> None:
-    """Run one task ``item`` (``(tid, pointers)``) and send its result (records in shared memory past
-    ``threshold`` bytes, None: pickled only). Ends the worker when the parent is gone."""
-    from .. import shm
+    """Run one task ``item`` (``(tid, pointers)``) and send its result (records as columns, ``engine.columns``;
+    arrays in shared memory past ``threshold`` bytes, None: pickled only). Ends the worker when the parent is gone."""
+    from .. import columns, shm
     tid, ptrs = item
     fd_out = None
     try:
         res = stage.run(ptrs)
+        res.records = columns.encode(res.records)  # one array per field, not one pickle per record
         size = 0
         if threshold is not None:
             res.records, fd_out, size = shm.pack(res.records, threshold)
