@@ -14,7 +14,7 @@ give are fewer than ``read_ahead_steps`` lane steps plus the rows of its next un
 
 The ``inline`` runner computes on the consumer's thread by definition (it is the debugging runner: every unit runs
 inside ``next()``, where a debugger or a profiler sees it), so it has no dispatcher and stalls the loop by design:
-``fill`` hands out its work from inside ``next()``.
+``work_inline`` hands out its work from inside ``next()``.
 """
 from __future__ import annotations
 
@@ -30,15 +30,23 @@ IDLE_S = 1.0
 JOIN_S = 60.0
 
 
-def fill(lanes: dict, order: list[int], runner, priority: int, need: float, through: int) -> None:
-    """Dispatch work from inside ``next()`` (the ``inline`` runner): the lane the tail waits on until its expected
-    rows cover ``need``, then the next lanes in tail order until each expects ``through`` rows of this iteration,
-    while the runner has free workers (only unfinished units count). Finished units of every lane are absorbed
-    first, so estimates are fresh.
+def work_inline(lanes: dict, order: list[int], runner, priority: int, need: float, through: int) -> None:
+    """Work from inside ``next()`` (the ``inline`` runner) until lane ``priority`` holds ``need`` rows or ended.
 
     lanes: lane -> ``LanePipeline``. order: the owned lanes in tail order. runner: the ``Runner``.
     priority: the lane the tail waits on. need: rows it must hold. through: rows of this iteration each other lane
-    works toward (a step count times the rows per lane step)."""
+    works toward (a step count times the rows per lane step). Raises the lanes' errors (``DataError``...)."""
+    st = lanes[priority]
+    while len(st.rows) < need and not st.finished:
+        _fill(lanes, order, runner, priority, need, through)
+        st.release(block=True)
+
+
+def _fill(lanes: dict, order: list[int], runner, priority: int, need: float, through: int) -> None:
+    """Dispatch the lane the tail waits on until its expected rows cover ``need``, then the next lanes in tail order
+    until each expects ``through`` rows of this iteration (counted from the rows each delivered in it,
+    ``cursor[3]``), while the runner has free workers (only unfinished units count). Finished units of every lane
+    are absorbed first, so estimates are fresh. Arguments as ``work_inline``'s."""
     for s in lanes.values():
         s.release(block=False)
     st = lanes[priority]

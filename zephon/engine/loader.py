@@ -14,28 +14,18 @@ from time import perf_counter
 
 from .. import checkpoint as ckpt
 from ..checkpoint.skips import stream_ranges
-from .dispatch import Dispatcher, fill
+from .accounting import dry_limit, loader_metrics, loader_stats, new_ledger
+from .dispatch import Dispatcher, work_inline
 from .explain import explain
 from .lane import LanePipeline
 from .metrics import MetricsCounter
-from .plan import LoaderPlan, dataset_names
+from .plan import LoaderPlan
 from .runners import RUNNERS, Runner, check_main_guarded, make_runner
-from .sharing import shared_micro_batches, shared_stats
-from .stage import DEFAULT_MAX_SKIP_FRACTION, SkipLedger
+from .sharing import shared_micro_batches
+from .stage import DEFAULT_MAX_SKIP_FRACTION
 from .tail import Tail
 
 log = logging.getLogger("zephon")
-
-
-def empty_row(chain_ops):
-    """A row of no document when the rows come out of ``Pack`` (only reordering operators after it in
-    ``chain_ops``, the pump-side operators), whose shape needs no delivered row; else None."""
-    for op in reversed(chain_ops):
-        if op.name == "pack":
-            return op.new_accumulator(0).flush_empty()
-        if not op.reorders_only:
-            return None
-    return None
 
 
 def _planned(name: str) -> property:
@@ -181,7 +171,7 @@ class Loader:
         self._metrics = MetricsCounter(len(plan.datasets))
         self._skips = (0, 0)  # skipped and filtered by the lanes of iterations before the current one
         self.max_skip_fraction = max_skip_fraction
-        self._new_ledger()  # validates max_skip_fraction now
+        new_ledger(plan, self.lanes, max_skip_fraction)  # validates max_skip_fraction now
 
     # the plan's facts, read where the Loader is at hand (one representation: the plan)
     datasets = _planned("datasets")
@@ -260,14 +250,14 @@ class Loader:
         if self._runner is None:
             self._runner = make_runner(self._runner_spec, self.stage, self.num_workers)
             self._stop_runner = weakref.finalize(self, self._runner.close)
-        ledger, dry_limit = self._new_ledger(), self._dry_limit()
+        ledger, dry = new_ledger(self.plan, self.lanes, self.max_skip_fraction), dry_limit(self.plan)
         rps = self.rows_per_lane_step
         skipped = [(lo * rps, hi * rps) for lo, hi in stream_ranges(self.plan.skips)]
         old = self._state.values()
         self._skips = (self._skips[0] + sum(s.skipped for s in old), self._skips[1] + sum(s.filtered for s in old))
         self._state = {lane: LanePipeline(lane, self.source, self.chain_ops, self.datasets, span=self.flush_span,
                                        unit_size=self.unit_size, start=entries.get(lane), ledger=ledger,
-                                       dry_limit=dry_limit, skipped=skipped, metrics=self._metrics,
+                                       dry_limit=dry, skipped=skipped, metrics=self._metrics,
                                        first_unit=rps)
                        for lane in self.lanes}
         if self._runner.name != "inline":  # inline computes inside next() by definition (engine.dispatch)
@@ -278,23 +268,6 @@ class Loader:
         if self._dispatcher is not None:
             self._dispatcher.stop()
             self._dispatcher = None
-
-    def _new_ledger(self) -> SkipLedger:
-        """Per-dataset skip accounting for one iteration (``stage.SkipLedger``)."""
-        R, n = self.canonical_replicas, max(1, len(self.lanes))
-        share = [-(-size * n // R) for size in self.source.sizes]
-        return SkipLedger(self.datasets, self.max_skip_fraction, share, self.source.sizes, endless=not self.finite)
-
-    def _dry_limit(self) -> int | None:
-        """Pointers a lane of an endless stream may read without producing a row: a whole pass of the data
-        (every dataset once at its mixture weight, as if one lane read it all) plus two flush spans and a
-        unit. A lane past that can produce nothing (every sample skipped or filtered): an error, not a spin."""
-        if self.finite:
-            return None
-        w = self.source.mixture.weights
-        total = sum(w)
-        full = max([-(-size * total // w[d]) for d, size in enumerate(self.source.sizes) if size] or [0])
-        return full + 2 * self.flush_span + self.unit_size
 
     def __iter__(self):
         steps = self._steps()
@@ -361,10 +334,6 @@ class Loader:
         """Padding rows delivered in a finite pass's last steps (``Batch(drop_last=False)``)."""
         return self.tail.padded_rows
 
-    def empty_row(self):
-        """``empty_row`` of this loader's pump-side operators."""
-        return empty_row(self.chain_ops)
-
     def ensure(self, lane: int, n: int) -> None:
         """Work (inline) or wait for the dispatcher (``engine.dispatch``) until ``lane`` holds ``n`` rows
         (``float("inf")``: all) or has ended. Raises the lane's ``DataError`` (or a worker's error) when its rows
@@ -373,15 +342,11 @@ class Loader:
             if self._dispatcher is not None:
                 self._dispatcher.wait_rows(lane, n)
                 return
-            st = self._state[lane]
             # Steps, not units, in flight: the other lanes work toward the step being built until this iteration
-            # delivered one (so a start or a restore reads what its first step needs), then one step further
-            # (counted from the rows each lane delivered in this iteration, ``cursor[3]``).
+            # delivered one (so a start or a restore reads what its first step needs), then one step further.
             done = self.tail.steps_done
             through = (done + (2 if done else 1)) * self.rows_per_lane_step
-            while len(st.rows) < n and not st.finished:
-                fill(self._state, self.lanes, self._runner, lane, n, through)
-                st.release(block=True)
+            work_inline(self._state, self.lanes, self._runner, lane, n, through)
 
     # -- reporting ------------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -395,19 +360,7 @@ class Loader:
         dropped rows, as consumed). When ranks share a lane (``lane_shares`` > 1) the row counts are this rank's
         block of the lane's rows (``sharing.shared_stats``); the other counts are the whole lane's work."""
         with self._lock:
-            return self._stats()
-
-    def _stats(self) -> dict:
-        self.tail.commit()
-        sts = list(self._state.values())
-        msgs = [m for s in sts for m in s.skipped_messages][:20]
-        out = {"skipped": sum(s.skipped for s in sts), "skipped_messages": msgs,
-               "filtered": sum(s.filtered for s in sts), "replayed_rows": sum(s.replayed_rows for s in sts),
-               "dropped_rows": self.dropped_rows, "padded_rows": self.padded_rows,
-               "delivered_rows": sum(s.delivered_rows for s in sts) - self.dropped_rows - self.padded_rows}
-        if self.lane_shares > 1:  # the lane's rows are shared: count this rank's block of them (one lane)
-            out.update(shared_stats(self, sum(s.delivered_rows for s in sts), self.padded_rows, self.dropped_rows))
-        return out
+            return loader_stats(self)
 
     def metrics(self) -> dict:
         """What this loader did since it was built (all its iterations; a resume's replay, at most a flush span
@@ -423,17 +376,7 @@ class Loader:
         seconds / (elapsed x workers)); ``units``; ``remote``: this process's object-storage downloads and bytes.
         Exporters: ``zephon.host.metrics``; docs/metrics.md."""
         with self._lock:
-            sts = list(self._state.values())
-            step = min((s.lane_cursor().step(self.rows_per_lane_step) for s in sts), default=0)
-            skipped, filtered = sum(s.skipped for s in sts), sum(s.filtered for s in sts)
-        schedule = self.source.schedule
-        weights = list(schedule.shares(step)) if schedule is not None else list(self.source.mixture.weights)
-        total = sum(weights) or 1
-        workers = 1 if self._runner_spec == "inline" else self.num_workers
-        return self._metrics.snapshot(
-            names=dataset_names(self.datasets),
-            target=[float(w / total) for w in weights], workers=workers,
-            skipped=self._skips[0] + skipped, filtered=self._skips[1] + filtered)
+            return loader_metrics(self, self._skips)
 
     def close(self) -> None:
         """Stop worker threads/processes this loader started (a shared runner is left running). An iteration
