@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import json
 import threading
 import time
 
@@ -15,31 +14,15 @@ from zephon.engine import Loader
 from zephon.formats import open_dataset
 from zephon.ops import Batch, Decode, Tokenize
 
+from helpers import CountingReads, write_one_line_docs
+
 LANES, AHEAD, UNIT = 4, 8, 2
 
 
 @pytest.fixture(scope="module")
 def one_row_docs(tmp_path_factory):
     """2,000 one-line documents (one row each: no packing), in 2 JSONL shards."""
-    root = tmp_path_factory.mktemp("one_row_docs")
-    for s in range(2):
-        with open(root / f"part-{s}.jsonl", "w") as fh:
-            for i in range(s, 2000, 2):
-                fh.write(json.dumps({"text": f"document {i} says hello"}) + "\n")
-    return str(root)
-
-
-class CountingReads:
-    """Counts the samples a dataset's ``read`` hands to the workers (the test's own count, from any thread)."""
-
-    def __init__(self, ds):
-        self.n, inner, lock = 0, ds.read, threading.Lock()
-
-        def read(shard, idx):
-            with lock:
-                self.n += len(idx)
-            return inner(shard, idx)
-        ds.read = read
+    return write_one_line_docs(tmp_path_factory.mktemp("one_row_docs"), 2000, 2)
 
 
 def _loader(root, tokenizer_path, runner):
