@@ -22,7 +22,8 @@ Shuffle(32) + Batch(1), weights 0.7/0.3 over the corpus' two datasets, 2 workers
 
 Runners ``inline``/``threads``/``processes`` drive ``zephon.Loader`` directly; ``zephon_torch`` is its
 ``DataLoader(ZephonIterableDataset, batch_size=None, num_workers=2)`` (inline runner in each worker; one item is
-the rank's step, every lane's rows);
+the rank's step, every lane's rows; ``zephon_torch_threads``, only on request: a threads runner of 1 worker, so the
+core's dispatcher reads ahead, in each);
 ``zephon_streaming`` and ``zephon_energon`` iterate their host's own format (MDS, WebDataset from
 ``benchmarks/prepare.py``) as their hosts' users do: text samples, batch 8, 2 workers, a step being 8 batches, and
 for Energon a TaskEncoder that tokenizes (``benchmarks/formats.py``); their "tokens" are the tokens Energon's encoder
@@ -38,6 +39,7 @@ import time
 from .common import RssWatch, markdown_table, run_child
 
 CONFIGS = ("inline", "threads", "processes", "zephon_torch", "zephon_streaming", "zephon_energon")
+EXTRA = ("zephon_torch_threads",)  # on request (--configs): zephon_torch, a threads runner (+ dispatcher) per worker
 LANES, SEQ = 64, 2048
 
 
@@ -70,12 +72,13 @@ def _iterator(cfg):
     if name in ("inline", "threads", "processes"):
         cfg["loader"] = _core_loader(cfg, name)  # the probe reads what it produced (see child_run)
         return iter(cfg["loader"]), cfg["lanes"], _mask_tokens, "tokens"
-    if name == "zephon_torch":
+    if name in ("zephon_torch", "zephon_torch_threads"):
         from zephon_torch import DataLoader, ZephonIterableDataset
 
         datasets, ops = _pipeline(cfg)
+        worker = {"worker_runner": "threads", "worker_num_workers": 1} if name.endswith("threads") else {}
         ds = ZephonIterableDataset(datasets, ops, dp_degree=1, dp_rank=0, weights=[0.7, 0.3], seed=0,
-                                   canonical_replicas=cfg["lanes"], chunk_size=256)
+                                   canonical_replicas=cfg["lanes"], chunk_size=256, **worker)
         dl = DataLoader(ds, batch_size=None, num_workers=2, prefetch_factor=4)
         # one item is the rank's whole (step, micro-batch): all lanes' rows, so a step is one item
         return iter(dl), 1, _mask_tokens, "tokens"
@@ -202,7 +205,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the demo's 8192-token BPE)")
     args = ap.parse_args(argv)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    bad = [c for c in configs if c not in CONFIGS]
+    bad = [c for c in configs if c not in CONFIGS + EXTRA]
     if bad:
         ap.error(f"unknown configuration(s) {bad}; choose from {CONFIGS}")
     from .prepare import prepare
