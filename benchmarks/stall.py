@@ -11,15 +11,19 @@ Shuffle(32) + Batch(1), weights 0.7/0.3 over the corpus' two datasets, 2 workers
 
 1. warm-up: ``--warmup`` steps consumed as fast as possible (start-up, including filling 64 lanes' packing bins, is
    not a stall of the steady state; it is reported as ``start-up s``);
-2. probe: ``--steps`` steps free-running: the loader's throughput R (tokens/s, real tokens);
-3. the loop: ``--steps`` steps of a simulated training step paced at the target ``R / headroom`` tokens/s. A step
+2. probe: ``--steps`` steps free-running: the loader's throughput R (tokens/s, real tokens; for the core runners the
+   tokens their workers produced meanwhile, since what the probe consumes may come from the read-ahead);
+3. the loop: ``--warmup`` paced steps not counted (the probe drained the loader's read-ahead, a paced loop never
+   does), then ``--steps`` steps of a simulated training step paced at the target ``R / headroom`` tokens/s. A step
    takes the next ``per_step`` items (one global step: 64 lane micro-batches of one 2048-token row), then "trains"
    for ``tokens of the step / target`` seconds: ``--matmul-ms`` of them in a 1-thread numpy matmul (CPU the step
    takes from the loader, as a host thread launching kernels does), the rest in ``time.sleep`` (a GPU computing,
    CPU-free). Stall = seconds inside ``next()`` during the loop / wall seconds of the loop.
 
 Runners ``inline``/``threads``/``processes`` drive ``zephon.Loader`` directly; ``zephon_torch`` is its
-``DataLoader(ZephonIterableDataset, batch_size=None, num_workers=2)`` (inline runner in each worker);
+``DataLoader(ZephonIterableDataset, batch_size=None, num_workers=2)`` (inline runner in each worker; one item is
+the rank's step, every lane's rows; ``zephon_torch_threads``, only on request: a threads runner of 1 worker, so the
+core's dispatcher reads ahead, in each);
 ``zephon_streaming`` and ``zephon_energon`` iterate their host's own format (MDS, WebDataset from
 ``benchmarks/prepare.py``) as their hosts' users do: text samples, batch 8, 2 workers, a step being 8 batches, and
 for Energon a TaskEncoder that tokenizes (``benchmarks/formats.py``); their "tokens" are the tokens Energon's encoder
@@ -36,6 +40,7 @@ from .common import RssWatch, markdown_table, run_child
 from .stall_vl import VL_CONFIGS, prepare_vl, vl_iterator
 
 CONFIGS = ("inline", "threads", "processes", "zephon_torch", "zephon_streaming", "zephon_energon")
+EXTRA = ("zephon_torch_threads",)  # on request (--configs): zephon_torch, a threads runner (+ dispatcher) per worker
 LANES, SEQ = 64, 2048
 
 
@@ -68,15 +73,18 @@ def _iterator(cfg):
     if cfg.get("pipeline") == "vl":  # images: benchmarks/stall_vl.py
         return vl_iterator(cfg)
     if name in ("inline", "threads", "processes"):
-        return iter(_core_loader(cfg, name)), cfg["lanes"], _mask_tokens, "tokens"
-    if name == "zephon_torch":
+        cfg["loader"] = _core_loader(cfg, name)  # the probe reads what it produced (see child_run)
+        return iter(cfg["loader"]), cfg["lanes"], _mask_tokens, "tokens"
+    if name in ("zephon_torch", "zephon_torch_threads"):
         from zephon_torch import DataLoader, ZephonIterableDataset
 
         datasets, ops = _pipeline(cfg)
+        worker = {"worker_runner": "threads", "worker_num_workers": 1} if name.endswith("threads") else {}
         ds = ZephonIterableDataset(datasets, ops, dp_degree=1, dp_rank=0, weights=[0.7, 0.3], seed=0,
-                                   canonical_replicas=cfg["lanes"], chunk_size=256)
+                                   canonical_replicas=cfg["lanes"], chunk_size=256, **worker)
         dl = DataLoader(ds, batch_size=None, num_workers=2, prefetch_factor=4)
-        return iter(dl), cfg["lanes"], _mask_tokens, "tokens"
+        # one item is the rank's whole (step, micro-batch): all lanes' rows, so a step is one item
+        return iter(dl), 1, _mask_tokens, "tokens"
     m = cfg["manifest"]
     if name == "zephon_streaming":
         from zephon_streaming import StreamingDataLoader, StreamingDataset
@@ -143,11 +151,19 @@ def child_run(cfg) -> dict:
         it, per_step, count, unit = _iterator(cfg)
         run_loop(it, per_step, count, cfg["warmup"], None)
         startup = time.perf_counter() - t0
+        # The core loader works ahead (up to read_ahead_steps plus a unit per lane): what the probe consumes may come
+        # from that buffer, so its rate is the tokens its workers produced meanwhile (loader.metrics()).
+        made = (lambda: sum(d["tokens"] for d in cfg["loader"].metrics()["datasets"].values())) \
+            if "loader" in cfg else (lambda: 0)
+        made0 = made()
         probe = run_loop(it, per_step, count, cfg["steps"], None)
-        rate = probe["units"] / probe["wall_s"]
+        rate = ((made() - made0) or probe["units"]) / probe["wall_s"]
         target = rate / cfg["headroom"]
         # the matmul share of a step: matmul_ms per step of the probe's mean size
         per_unit = cfg["matmul_ms"] / 1000 / (probe["units"] / cfg["steps"])
+        # The free-running probe drained the read-ahead, which a loop paced below the loader's rate never does: the
+        # first --warmup paced steps let it settle and are not counted (the steady state is what is measured).
+        run_loop(it, per_step, count, cfg["warmup"], target, per_unit)
         loop = run_loop(it, per_step, count, cfg["steps"], target, per_unit)
     return {"unit": unit, "per_step": per_step, "startup_s": startup, "loader_rate": rate, "target": target,
             "step_ms": 1000 * (loop["units"] / cfg["steps"]) / target, **loop,
@@ -197,7 +213,7 @@ def main(argv=None) -> int:
     if args.pipeline == "vl" and args.configs == ",".join(CONFIGS):
         args.configs = ",".join(VL_CONFIGS)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    bad = [c for c in configs if c not in CONFIGS]
+    bad = [c for c in configs if c not in CONFIGS + EXTRA]
     if bad:
         ap.error(f"unknown configuration(s) {bad}; choose from {CONFIGS}")
     from .prepare import prepare

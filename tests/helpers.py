@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import signal
+import threading
 import inspect
 from collections import defaultdict
 from contextlib import contextmanager
@@ -162,3 +163,26 @@ def write_split_jsonl(root, name, n_shards, per_shard, offset):
                 k = offset + s * per_shard + i
                 f.write(json.dumps({"id": k, "text": f"sample {k} of {name}: " + "abc " * (k % 7)}) + "\n")
     return os.path.join(root, name)
+
+
+class CountingReads:
+    """Counts the samples a dataset's ``read`` hands to the workers (the test's own count, from any thread)."""
+
+    def __init__(self, ds):
+        self.n, inner, lock = 0, ds.read, threading.Lock()
+
+        def read(shard, idx):
+            with lock:
+                self.n += len(idx)
+            return inner(shard, idx)
+        ds.read = read
+
+
+def write_one_line_docs(root, n: int, shards: int) -> str:
+    """``n`` one-line documents ``{"text": "document i says hello"}`` (one row each, unpacked) in ``shards`` JSONL
+    files under ``root`` (a ``pathlib.Path``), document i in shard ``i % shards``. Returns ``str(root)``."""
+    for s in range(shards):
+        with open(root / f"part-{s}.jsonl", "w") as fh:
+            for i in range(s, n, shards):
+                fh.write(json.dumps({"text": f"document {i} says hello"}) + "\n")
+    return str(root)

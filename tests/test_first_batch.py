@@ -2,15 +2,13 @@
 not a unit per lane; and how pointers are cut into units never changes the stream."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from zephon.engine import Loader
 from zephon.formats import open_dataset
 from zephon.ops import Batch, Decode, Pack, Tokenize
 
-from helpers import StepHasher, make_loader, run_steps
+from helpers import CountingReads, StepHasher, make_loader, run_steps, write_one_line_docs
 
 LANES, ROWS = 64, 2  # rows per lane step
 
@@ -33,27 +31,10 @@ def test_unit_size_never_changes_the_stream(corpus, tokenizer_path, unit):
     assert resumed.digests() == ref.digests()
 
 
-class CountingReads:
-    """Counts the samples a dataset's ``read`` hands to the workers (the test's own count)."""
-
-    def __init__(self, ds):
-        self.n, inner = 0, ds.read
-
-        def read(shard, idx):
-            self.n += len(idx)
-            return inner(shard, idx)
-        ds.read = read
-
-
 @pytest.fixture(scope="module")
 def short_docs(tmp_path_factory):
     """4,000 one-line documents (one row each: no packing), in 4 JSONL shards."""
-    root = tmp_path_factory.mktemp("short_docs")
-    for s in range(4):
-        with open(root / f"part-{s}.jsonl", "w") as fh:
-            for i in range(s, 4000, 4):
-                fh.write(json.dumps({"text": f"document {i} says hello"}) + "\n")
-    return str(root)
+    return write_one_line_docs(tmp_path_factory.mktemp("short_docs"), 4000, 4)
 
 
 def _loader(root, tokenizer_path, runner):

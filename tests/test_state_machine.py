@@ -196,6 +196,19 @@ class Machine(RuleBasedStateMachine):
         for srcs in mb["__src__"]:
             self.delivered.extend(tuple(s) for s in srcs)
 
+    def _next(self, rank):
+        """``next()`` of rank ``rank``'s iterator. A worker interrupt armed by an earlier rule may surface only now:
+        the workers work ahead of the consumer (engine.dispatch), so its error reaches the loop when the loop reaches
+        its sample, possibly after the rule that armed it ended, possibly in another rank's loader. Handled as the
+        interrupt rule does (checkpoint, rebuild on the same topology), then the pull goes on."""
+        while True:
+            try:
+                return next(self.iters[rank])
+            except DataError as e:
+                if "injected at worker" not in str(e):
+                    raise
+                self._build(*self.topology, self._checkpoint())
+
     def _checkpoint(self):
         state = merge_states([L.checkpoint() for L in self.loaders])
         return json.loads(json.dumps(state))  # a checkpoint is plain JSON data
@@ -215,7 +228,7 @@ class Machine(RuleBasedStateMachine):
             if self.ended[rank]:
                 return
             try:
-                self._record(next(self.iters[rank]))
+                self._record(self._next(rank))
             except StopIteration:
                 self.ended[rank] = True
 
@@ -274,10 +287,12 @@ class Machine(RuleBasedStateMachine):
     def teardown(self):
         try:
             if getattr(self, "loaders", None):
-                for rank, it in enumerate(self.iters):
-                    if not self.ended[rank]:
-                        for mb in it:
-                            self._record(mb)
+                for rank in range(len(self.iters)):
+                    while not self.ended[rank]:
+                        try:
+                            self._record(self._next(rank))
+                        except StopIteration:
+                            self.ended[rank] = True
                 if self.method.startswith("concat"):
                     check_concat_exactly_once(self.delivered, self.tokens, R)
                 else:

@@ -1,6 +1,7 @@
 """Runtime: runners, sequence reorder, per-lane accumulators, sentinels, tail multiplexer, replay."""
 from .hashing import GlobalBatchHasher, row_digests
-from .loader import Loader, empty_row
+from .loader import Loader
+from .tail import empty_row
 from .plan import LoaderPlan
 from .runners import RUNNERS, InlineRunner, ProcessRunner, Runner, ThreadRunner, make_runner
 from .stage import WorkStage

@@ -8,32 +8,24 @@ sentinels every ``flush_every_k_chunks`` chunks -> per-lane row buffers -> tail 
 from __future__ import annotations
 
 import logging
+import threading
 import weakref
 from time import perf_counter
 
 from .. import checkpoint as ckpt
 from ..checkpoint.skips import stream_ranges
+from .accounting import dry_limit, loader_metrics, loader_stats, new_ledger
+from .dispatch import Dispatcher, work_inline
 from .explain import explain
 from .lane import LanePipeline
 from .metrics import MetricsCounter
-from .plan import LoaderPlan, dataset_names
+from .plan import LoaderPlan
 from .runners import RUNNERS, Runner, check_main_guarded, make_runner
-from .sharing import shared_micro_batches, shared_stats
-from .stage import DEFAULT_MAX_SKIP_FRACTION, SkipLedger
+from .sharing import shared_micro_batches
+from .stage import DEFAULT_MAX_SKIP_FRACTION
 from .tail import Tail
 
 log = logging.getLogger("zephon")
-
-
-def empty_row(chain_ops):
-    """A row of no document when the rows come out of ``Pack`` (only reordering operators after it in
-    ``chain_ops``, the pump-side operators), whose shape needs no delivered row; else None."""
-    for op in reversed(chain_ops):
-        if op.name == "pack":
-            return op.new_accumulator(0).flush_empty()
-        if not op.reorders_only:
-            return None
-    return None
 
 
 def _planned(name: str) -> property:
@@ -78,7 +70,12 @@ class Loader:
         pad_tail: with a finite pass and ``Batch(drop_last=False)``, pad the last steps so every lane fills
             them (default); False leaves a lane's last micro-batch short and ends each lane on its own (a
             host whose batches cannot hold padding rows, such as Energon's TaskEncoder batches).
-        runner: ``"inline"``, ``"threads"``, ``"processes"`` or a ``Runner`` to share; ``num_workers``.
+        runner: ``"inline"``, ``"threads"``, ``"processes"`` or a ``Runner`` to share; ``num_workers``. Off
+            ``inline``, a dispatcher thread keeps the workers busy while the consumer is away (``engine.dispatch``);
+            ``inline`` computes inside ``next()`` (the debugging runner).
+        read_ahead_steps: how far each lane works ahead of the consumer, in lane steps (an int >= 1, default 4):
+            a lane holds at most about that many steps plus two units of rows (``engine.dispatch``). Memory and
+            speed only, never the output.
         max_skip_fraction: the largest fraction (0..1, default 0.5) of a dataset's samples that
             ``on_error="skip"`` may skip, or a list with one per dataset; judged per dataset over what this
             loader read, once 100 of its samples (or this loader's share of one pass, if fewer) were seen.
@@ -116,7 +113,7 @@ class Loader:
                  lane_assignment: str = "contiguous", runner="threads", num_workers: int = 2,
                  unit_size: int = 256, lanes=None, emit_state: bool = False, pad_tail: bool = True,
                  max_skip_fraction=DEFAULT_MAX_SKIP_FRACTION, batching: str = "random",
-                 epochs_per_pass=None):
+                 epochs_per_pass=None, read_ahead_steps: int = 4):
         self._init(LoaderPlan.build(datasets, ops, weights=weights, seed=seed,
                                     canonical_replicas=canonical_replicas, chunk_size=chunk_size,
                                     global_batch_size=global_batch_size, shuffle=shuffle,
@@ -127,18 +124,27 @@ class Loader:
                                     pad_tail=pad_tail, batching=batching,
                                     epochs_per_pass=epochs_per_pass),
                    runner=runner, num_workers=num_workers, lanes=lanes, emit_state=emit_state,
-                   max_skip_fraction=max_skip_fraction)
+                   max_skip_fraction=max_skip_fraction, read_ahead_steps=read_ahead_steps)
 
     @classmethod
     def from_plan(cls, plan: LoaderPlan, *, runner="threads", num_workers: int = 2, lanes=None,
-                  emit_state: bool = False, max_skip_fraction=DEFAULT_MAX_SKIP_FRACTION) -> Loader:
+                  emit_state: bool = False, max_skip_fraction=DEFAULT_MAX_SKIP_FRACTION,
+                  read_ahead_steps: int = 4) -> Loader:
         """A Loader of an already computed ``plan`` (``LoaderPlan``); the other arguments as ``Loader``'s."""
         loader = cls.__new__(cls)
         loader._init(plan, runner=runner, num_workers=num_workers, lanes=lanes, emit_state=emit_state,
-                     max_skip_fraction=max_skip_fraction)
+                     max_skip_fraction=max_skip_fraction, read_ahead_steps=read_ahead_steps)
         return loader
 
-    def _init(self, plan: LoaderPlan, *, runner, num_workers, lanes, emit_state, max_skip_fraction) -> None:
+    def _init(self, plan: LoaderPlan, *, runner, num_workers, lanes, emit_state, max_skip_fraction,
+              read_ahead_steps) -> None:
+        if not isinstance(read_ahead_steps, int) or read_ahead_steps < 1:
+            raise ValueError(f"read_ahead_steps must be an int >= 1, got {read_ahead_steps!r}")
+        self.read_ahead_steps = read_ahead_steps
+        # Held by whoever touches a lane pipeline: the consumer (each next(), checkpoint(), stats()) and the
+        # dispatcher thread; notified when rows arrive.
+        self._lock = threading.Condition(threading.RLock())
+        self._dispatcher: Dispatcher | None = None
         self.plan = plan
         self.lanes = plan.owned_lanes(lanes)
         self.emit_state = emit_state
@@ -165,7 +171,7 @@ class Loader:
         self._metrics = MetricsCounter(len(plan.datasets))
         self._skips = (0, 0)  # skipped and filtered by the lanes of iterations before the current one
         self.max_skip_fraction = max_skip_fraction
-        self._new_ledger()  # validates max_skip_fraction now
+        new_ledger(plan, self.lanes, max_skip_fraction)  # validates max_skip_fraction now
 
     # the plan's facts, read where the Loader is at hand (one representation: the plan)
     datasets = _planned("datasets")
@@ -197,6 +203,10 @@ class Loader:
         yielded so far (the micro-batch last yielded counts: the consumer has it, even when an exception
         interrupted it right after). Merge all ranks' states with ``merge_states`` to restore at another
         dp_degree."""
+        with self._lock:
+            return self._checkpoint()
+
+    def _checkpoint(self) -> dict:
         self.tail.commit()
         if self._pending is not None:
             entries = [self._pending[lane] for lane in self.lanes]
@@ -216,10 +226,11 @@ class Loader:
             for a skip that starts before the checkpoint's step)."""
         plan = self.plan.with_restored_skips(state, skip_steps)
         by_lane = plan.validate(state, self.lanes)
-        self.plan = plan
-        self._pending = {lane: by_lane[lane] for lane in self.lanes}
-        self.tail.handed = None  # the restored state replaces what was delivered
-        self._generation += 1
+        with self._lock:
+            self.plan = plan
+            self._pending = {lane: by_lane[lane] for lane in self.lanes}
+            self.tail.handed = None  # the restored state replaces what was delivered
+            self._generation += 1
 
     def explain(self, steps, state: dict | None = None, text_field: str | None = None) -> dict:
         """Every row of the global batches of ``steps`` (a step or a range): lane, micro-batch, and each source
@@ -235,41 +246,52 @@ class Loader:
         else:  # a new iteration continues where the last one stopped
             entries = {lane: st.lane_cursor() for lane, st in self._state.items()}
         self._pending = None
+        self._stop_dispatcher()  # the last iteration's: its lanes are replaced now
         if self._runner is None:
             self._runner = make_runner(self._runner_spec, self.stage, self.num_workers)
             self._stop_runner = weakref.finalize(self, self._runner.close)
-        ledger, dry_limit = self._new_ledger(), self._dry_limit()
+        ledger, dry = new_ledger(self.plan, self.lanes, self.max_skip_fraction), dry_limit(self.plan)
         rps = self.rows_per_lane_step
         skipped = [(lo * rps, hi * rps) for lo, hi in stream_ranges(self.plan.skips)]
         old = self._state.values()
         self._skips = (self._skips[0] + sum(s.skipped for s in old), self._skips[1] + sum(s.filtered for s in old))
         self._state = {lane: LanePipeline(lane, self.source, self.chain_ops, self.datasets, span=self.flush_span,
                                        unit_size=self.unit_size, start=entries.get(lane), ledger=ledger,
-                                       dry_limit=dry_limit, skipped=skipped, metrics=self._metrics,
+                                       dry_limit=dry, skipped=skipped, metrics=self._metrics,
                                        first_unit=rps)
                        for lane in self.lanes}
+        if self._runner.name != "inline":  # inline computes inside next() by definition (engine.dispatch)
+            self._dispatcher = Dispatcher(self._state, list(self.lanes), self._runner, self._lock,
+                                          self.read_ahead_steps * rps)
 
-    def _new_ledger(self) -> SkipLedger:
-        """Per-dataset skip accounting for one iteration (``stage.SkipLedger``)."""
-        R, n = self.canonical_replicas, max(1, len(self.lanes))
-        share = [-(-size * n // R) for size in self.source.sizes]
-        return SkipLedger(self.datasets, self.max_skip_fraction, share, self.source.sizes, endless=not self.finite)
-
-    def _dry_limit(self) -> int | None:
-        """Pointers a lane of an endless stream may read without producing a row: a whole pass of the data
-        (every dataset once at its mixture weight, as if one lane read it all) plus two flush spans and a
-        unit. A lane past that can produce nothing (every sample skipped or filtered): an error, not a spin."""
-        if self.finite:
-            return None
-        w = self.source.mixture.weights
-        total = sum(w)
-        full = max([-(-size * total // w[d]) for d, size in enumerate(self.source.sizes) if size] or [0])
-        return full + 2 * self.flush_span + self.unit_size
+    def _stop_dispatcher(self) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.stop()
+            self._dispatcher = None
 
     def __iter__(self):
+        steps = self._steps()
         if self.lane_shares > 1:  # more ranks than lanes: keep this rank's block of each step
-            return shared_micro_batches(self, self._steps())
-        return self._steps()
+            steps = shared_micro_batches(self, steps)
+        return self._guarded(steps)
+
+    def _guarded(self, steps):
+        """``steps``' micro-batches, each computed holding the loader's lock (the dispatcher thread's too), the
+        time inside ``next()`` counted as the consumer's wait; closing this closes ``steps``."""
+        clock, wait, lock, done = perf_counter, self._metrics.add_wait, self._lock, object()
+        try:
+            while True:
+                t = clock()  # the consumer asked for a micro-batch at t
+                with lock:
+                    mb = next(steps, done)
+                if mb is done:
+                    return
+                wait(clock() - t)
+                if self._dispatcher is not None:
+                    self._dispatcher.poke()  # rows were taken: the lane may work further ahead
+                yield mb
+        finally:
+            steps.close()
 
     def _steps(self):
         """The owned lanes' micro-batches (every block of a shared lane's steps; see ``__iter__``). The
@@ -281,12 +303,7 @@ class Loader:
         self._generation += 1
         self._runner_iteration = generation = self._generation
         try:
-            clock, wait = perf_counter, self._metrics.add_wait
-            t = clock()
-            for mb in self.tail.steps(generation):
-                wait(clock() - t)  # the consumer asked for this micro-batch at t
-                yield mb
-                t = clock()
+            yield from self.tail.steps(generation)
         finally:
             if self._runner_iteration == generation:
                 self.close()
@@ -317,45 +334,19 @@ class Loader:
         """Padding rows delivered in a finite pass's last steps (``Batch(drop_last=False)``)."""
         return self.tail.padded_rows
 
-    def empty_row(self):
-        """``empty_row`` of this loader's pump-side operators."""
-        return empty_row(self.chain_ops)
-
     def ensure(self, lane: int, n: int) -> None:
-        """Work until ``lane`` holds ``n`` rows (``float("inf")``: all) or has ended."""
-        st = self._state[lane]
-        while len(st.rows) < n and not st.finished:
-            self._fill(lane, n)
-            st.release(block=True)
-
-    def _fill(self, priority: int, need: int) -> None:
-        """Dispatch work: the lane the tail waits on until its expected rows cover ``need``, then the
-        next lanes in tail order until they hold two steps, while the runner has free workers (only
-        unfinished units count). Finished units of every lane are absorbed first, so estimates are
-        fresh. Dispatch order never changes output (per-lane sequence numbers), only speed."""
-        runner, lanes = self._runner, self._state
-        for s in lanes.values():
-            s.release(block=False)
-        st = lanes[priority]
-        if not st.pending and st.can_dispatch() and st.expected_rows() < need:
-            st.dispatch(runner)
-        busy = sum(s.running() for s in lanes.values())
-        while busy < runner.capacity and st.can_dispatch() and st.expected_rows() < need:
-            st.dispatch(runner)
-            busy += 1
-        i = self.lanes.index(priority)
-        # Steps, not units, in flight: the other lanes work toward the step being built until this iteration
-        # delivered one (so a start or a restore reads what its first step needs), then one step further
-        # (counted from the rows each lane delivered in this iteration, ``cursor[3]``).
-        done = self.tail.steps_done
-        through = (done + (2 if done else 1)) * self.rows_per_lane_step
-        for lane in self.lanes[i + 1:] + self.lanes[:i]:
-            s = lanes[lane]
-            while busy < runner.capacity and s.can_dispatch() and s.expected_rows() < through - s.cursor[3]:
-                s.dispatch(runner)
-                busy += 1
-            if busy >= runner.capacity:
-                break
+        """Work (inline) or wait for the dispatcher (``engine.dispatch``) until ``lane`` holds ``n`` rows
+        (``float("inf")``: all) or has ended. Raises the lane's ``DataError`` (or a worker's error) when its rows
+        stop short of ``n``."""
+        with self._lock:
+            if self._dispatcher is not None:
+                self._dispatcher.wait_rows(lane, n)
+                return
+            # Steps, not units, in flight: the other lanes work toward the step being built until this iteration
+            # delivered one (so a start or a restore reads what its first step needs), then one step further.
+            done = self.tail.steps_done
+            through = (done + (2 if done else 1)) * self.rows_per_lane_step
+            work_inline(self._state, self.lanes, self._runner, lane, n, through)
 
     # -- reporting ------------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -368,16 +359,8 @@ class Loader:
         training (restored counts included; the checkpoint's per-lane ``delivered_rows`` also counts
         dropped rows, as consumed). When ranks share a lane (``lane_shares`` > 1) the row counts are this rank's
         block of the lane's rows (``sharing.shared_stats``); the other counts are the whole lane's work."""
-        self.tail.commit()
-        sts = list(self._state.values())
-        msgs = [m for s in sts for m in s.skipped_messages][:20]
-        out = {"skipped": sum(s.skipped for s in sts), "skipped_messages": msgs,
-               "filtered": sum(s.filtered for s in sts), "replayed_rows": sum(s.replayed_rows for s in sts),
-               "dropped_rows": self.dropped_rows, "padded_rows": self.padded_rows,
-               "delivered_rows": sum(s.delivered_rows for s in sts) - self.dropped_rows - self.padded_rows}
-        if self.lane_shares > 1:  # the lane's rows are shared: count this rank's block of them (one lane)
-            out.update(shared_stats(self, sum(s.delivered_rows for s in sts), self.padded_rows, self.dropped_rows))
-        return out
+        with self._lock:
+            return loader_stats(self)
 
     def metrics(self) -> dict:
         """What this loader did since it was built (all its iterations; rows and datasets as delivered, time and work
@@ -392,21 +375,13 @@ class Loader:
         time spent inside ``next()``, the loader making the training loop wait); ``worker_utilization`` (worker
         seconds / (elapsed x workers)); ``units``; ``remote``: this process's object-storage downloads and bytes.
         Exporters: ``zephon.host.metrics``; docs/metrics.md."""
-        sts = list(self._state.values())
-        step = min((s.lane_cursor().step(self.rows_per_lane_step) for s in sts), default=0)
-        schedule = self.source.schedule
-        weights = list(schedule.shares(step)) if schedule is not None else list(self.source.mixture.weights)
-        total = sum(weights) or 1
-        workers = 1 if self._runner_spec == "inline" else self.num_workers
-        return self._metrics.snapshot(
-            names=dataset_names(self.datasets),
-            target=[float(w / total) for w in weights], workers=workers,
-            skipped=self._skips[0] + sum(s.skipped for s in sts),
-            filtered=self._skips[1] + sum(s.filtered for s in sts))
+        with self._lock:
+            return loader_metrics(self, self._skips)
 
     def close(self) -> None:
         """Stop worker threads/processes this loader started (a shared runner is left running). An iteration
         also stops them when it ends; ``with Loader(...) as loader:`` calls this on leaving the block."""
+        self._stop_dispatcher()
         if self._runner is not None and self._owns_runner:
             self._stop_runner()  # runs runner.close() once; the finalizer is then dead
             self._runner = None

@@ -159,8 +159,8 @@ class Tail:
         when the loader has delivered no row to copy the shape from."""
         L = self.loader
         if self.template is None:
-            buffered = [without_offsets([st.rows[0][1]])[0] for st in L.lane_pipelines() if st.rows]
-            self.template = buffered[0] if buffered else L.empty_row()
+            buffered = [without_offsets([st.rows[0][1]])[0] for st in L.lane_pipelines() if st.rows]  # (span, row, ...)
+            self.template = buffered[0] if buffered else empty_row(L.chain_ops)
         if self.template is None:
             raise RuntimeError(f"lanes {L.lanes} delivered no row in this pass (every sample filtered or "
                                f"skipped?), so the padding of its last steps (drop_last=False) has no row shape "
@@ -191,6 +191,17 @@ class Tail:
         if dropped > len(L.lanes) * rps:
             warnings.warn(f"finite pass: {why}; use Batch(drop_last=False) to deliver them (the last steps padded)",
                           DataWarning, stacklevel=2)
+
+
+def empty_row(chain_ops):
+    """A row of no document when the rows come out of ``Pack`` (only reordering operators after it in
+    ``chain_ops``, the pump-side operators), whose shape needs no delivered row; else None."""
+    for op in reversed(chain_ops):
+        if op.name == "pack":
+            return op.new_accumulator(0).flush_empty()
+        if not op.reorders_only:
+            return None
+    return None
 
 
 def _spent(st) -> bool:

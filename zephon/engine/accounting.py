@@ -1,0 +1,60 @@
+"""What a Loader counts: per-iteration skip limits (``SkipLedger``), the dry-lane limit, and the bodies of
+``Loader.stats()`` and ``Loader.metrics()`` (read holding the loader's lock; documented on those methods)."""
+from __future__ import annotations
+
+from .plan import LoaderPlan, dataset_names
+from .sharing import shared_stats
+from .stage import SkipLedger
+
+
+def new_ledger(plan: LoaderPlan, lanes: list[int], max_skip_fraction) -> SkipLedger:
+    """Per-dataset skip accounting for one iteration of the loader owning ``lanes`` (``stage.SkipLedger``).
+
+    plan: the ``LoaderPlan``. lanes: the owned lanes. max_skip_fraction: as ``Loader``'s (validated here:
+    ``SkipLedger`` raises ``ValueError`` for a bad one)."""
+    R, n, sizes = plan.canonical_replicas, max(1, len(lanes)), plan.source.sizes
+    share = [-(-size * n // R) for size in sizes]
+    return SkipLedger(plan.datasets, max_skip_fraction, share, sizes, endless=not plan.finite)
+
+
+def dry_limit(plan: LoaderPlan) -> int | None:
+    """Pointers a lane of an endless stream may read without producing a row: a whole pass of the data
+    (every dataset once at its mixture weight, as if one lane read it all) plus two flush spans and a
+    unit. A lane past that can produce nothing (every sample skipped or filtered): an error, not a spin.
+    None for a finite stream."""
+    if plan.finite:
+        return None
+    w = plan.source.mixture.weights
+    total = sum(w)
+    full = max([-(-size * total // w[d]) for d, size in enumerate(plan.source.sizes) if size] or [0])
+    return full + 2 * plan.flush_span + plan.unit_size
+
+
+def loader_stats(loader) -> dict:
+    """``Loader.stats()`` of ``loader`` (its lock held)."""
+    loader.tail.commit()
+    sts = loader.lane_pipelines()
+    dropped, padded = loader.dropped_rows, loader.padded_rows
+    msgs = [m for s in sts for m in s.skipped_messages][:20]
+    out = {"skipped": sum(s.skipped for s in sts), "skipped_messages": msgs,
+           "filtered": sum(s.filtered for s in sts), "replayed_rows": sum(s.replayed_rows for s in sts),
+           "dropped_rows": dropped, "padded_rows": padded,
+           "delivered_rows": sum(s.delivered_rows for s in sts) - dropped - padded}
+    if loader.lane_shares > 1:  # the lane's rows are shared: count this rank's block of them (one lane)
+        out.update(shared_stats(loader, sum(s.delivered_rows for s in sts), padded, dropped))
+    return out
+
+
+def loader_metrics(loader, earlier_skips: tuple[int, int]) -> dict:
+    """``Loader.metrics()`` of ``loader`` (its lock held). earlier_skips: samples skipped and records filtered by
+    the lanes of its iterations before the current one."""
+    sts = loader.lane_pipelines()
+    step = min((s.lane_cursor().step(loader.rows_per_lane_step) for s in sts), default=0)
+    source = loader.source
+    weights = list(source.schedule.shares(step)) if source.schedule is not None else list(source.mixture.weights)
+    total = sum(weights) or 1
+    workers = 1 if loader._runner_spec == "inline" else loader.num_workers
+    return loader._metrics.snapshot(
+        names=dataset_names(loader.datasets), target=[float(w / total) for w in weights], workers=workers,
+        skipped=earlier_skips[0] + sum(s.skipped for s in sts),
+        filtered=earlier_skips[1] + sum(s.filtered for s in sts))

@@ -1,0 +1,212 @@
+"""Handing out work to the runner's workers: a dispatcher thread that keeps them busy while the consumer is away.
+
+A ``Loader`` on the ``threads`` or ``processes`` runner starts one ``Dispatcher`` per iteration. Each time a unit
+finishes (a ``Future`` callback) or the consumer takes a micro-batch, the dispatcher thread wakes, releases the
+finished units of every lane in sequence order into their accumulators (``LanePipeline.release``) and submits the
+next units, least-stocked lane first, while the runner has free workers and a lane is below its read-ahead bound.
+The consumer (``Loader.ensure``) only waits for rows. Both sides hold the Loader's lock while they touch a lane, so
+the lane pipelines never see two threads at once. Dispatch order never changes the output (per-lane sequence
+numbers); it changes only when rows are ready.
+
+Read-ahead bound (memory): a lane gets a new unit only while the rows it holds plus those its units in flight should
+give are fewer than ``read_ahead_steps`` lane steps plus the rows of its next unit; so a lane holds at most about
+``read_ahead_steps`` steps and two units (``unit_size`` pointers each) of rows, besides its accumulators' state.
+
+The ``inline`` runner computes on the consumer's thread by definition (it is the debugging runner: every unit runs
+inside ``next()``, where a debugger or a profiler sees it), so it has no dispatcher and stalls the loop by design:
+``work_inline`` hands out its work from inside ``next()``.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+log = logging.getLogger("zephon")
+
+# How long the dispatcher sleeps when nothing wakes it (it is woken by every finished unit and every micro-batch taken,
+# so this only bounds how late it notices a stop it was not told about).
+IDLE_S = 1.0
+# How long close() waits for the dispatcher thread to leave (it only ever waits on the lock or its wake event).
+JOIN_S = 60.0
+
+
+def work_inline(lanes: dict, order: list[int], runner, priority: int, need: float, through: int) -> None:
+    """Work from inside ``next()`` (the ``inline`` runner) until lane ``priority`` holds ``need`` rows or ended.
+
+    lanes: lane -> ``LanePipeline``. order: the owned lanes in tail order. runner: the ``Runner``.
+    priority: the lane the tail waits on. need: rows it must hold. through: rows of this iteration each other lane
+    works toward (a step count times the rows per lane step). Raises the lanes' errors (``DataError``...)."""
+    st = lanes[priority]
+    while len(st.rows) < need and not st.finished:
+        _fill(lanes, order, runner, priority, need, through)
+        st.release(block=True)
+
+
+def _fill(lanes: dict, order: list[int], runner, priority: int, need: float, through: int) -> None:
+    """Dispatch the lane the tail waits on until its expected rows cover ``need``, then the next lanes in tail order
+    until each expects ``through`` rows of this iteration (counted from the rows each delivered in it,
+    ``cursor[3]``), while the runner has free workers (only unfinished units count). Finished units of every lane
+    are absorbed first, so estimates are fresh. Arguments as ``work_inline``'s."""
+    for s in lanes.values():
+        s.release(block=False)
+    st = lanes[priority]
+    if not st.pending and st.can_dispatch() and st.expected_rows() < need:
+        st.dispatch(runner)
+    busy = sum(s.running() for s in lanes.values())
+    while busy < runner.capacity and st.can_dispatch() and st.expected_rows() < need:
+        st.dispatch(runner)
+        busy += 1
+    i = order.index(priority)
+    for lane in order[i + 1:] + order[:i]:
+        s = lanes[lane]
+        while busy < runner.capacity and s.can_dispatch() and s.expected_rows() < through - s.cursor[3]:
+            s.dispatch(runner)
+            busy += 1
+        if busy >= runner.capacity:
+            break
+
+
+class _Notifying:
+    """A runner whose futures wake the dispatcher when they finish (what ``LanePipeline.dispatch`` submits to)."""
+
+    def __init__(self, runner, wake: threading.Event):
+        self.runner, self.stage, self.capacity = runner, getattr(runner, "stage", None), runner.capacity
+        self._wake = wake
+
+    def submit(self, ptrs):
+        future = self.runner.submit(ptrs)
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, _future) -> None:
+        self._wake.set()  # cheap and never blocks a worker on the loader's lock
+
+
+class Dispatcher:
+    """The thread that absorbs finished units and hands out the next ones for one iteration of a Loader.
+
+    Args:
+        lanes: lane -> ``LanePipeline`` of the iteration (the dispatcher holds no reference to the Loader, so an
+            abandoned Loader is still collected).
+        order: the owned lanes in tail order (ties in stock go to the earliest).
+        runner: the ``Runner`` (``threads`` or ``processes``).
+        lock: the Loader's ``threading.Condition`` (over an ``RLock``): held while a lane is touched; notified when
+            rows arrive.
+        ahead_rows: the read-ahead bound in rows per lane (``read_ahead_steps`` x rows per lane step), to which the
+            rows of a lane's next unit are added.
+    Errors of a lane (bad data, a dead worker) are kept per lane and raised to the consumer by ``wait_rows`` when
+    it needs that lane's rows past those buffered before the error (so an error surfaces at the same place
+    whatever the timing); an error of the dispatcher itself is raised to the consumer at once."""
+
+    def __init__(self, lanes: dict, order: list[int], runner, lock: threading.Condition, ahead_rows: int):
+        self.lanes, self.order, self.lock, self.ahead_rows = lanes, order, lock, ahead_rows
+        self.wake = threading.Event()
+        self.runner = _Notifying(runner, self.wake)
+        self.errors: dict[int, BaseException] = {}
+        self.crashed: BaseException | None = None
+        self.want: tuple[int, float] | None = None  # (lane, rows) the consumer waits for
+        self.stopped = False
+        self.thread = threading.Thread(target=self._run, name="zephon-dispatch", daemon=True)
+        self.thread.start()
+
+    # -- the consumer's side (called holding ``lock``) -----------------------------------------------------------
+    def wait_rows(self, lane: int, n: float) -> None:
+        """Wait until ``lane`` holds ``n`` rows or has ended; raises the lane's error (or the dispatcher's) when
+        the rows it holds do not cover ``n``."""
+        st = self.lanes[lane]
+        while len(st.rows) < n and not st.finished:
+            if self.crashed is not None:
+                raise self.crashed
+            if lane in self.errors:
+                raise self.errors[lane]
+            if self.stopped or not self.thread.is_alive():
+                raise RuntimeError(f"lane {lane}: the loader's dispatcher thread stopped while the consumer waited "
+                                   f"for {n} rows (the loader was closed from another thread?)")
+            self.want = (lane, n)
+            self.wake.set()
+            self.lock.wait(IDLE_S)
+        self.want = None
+
+    def poke(self) -> None:
+        """The consumer took rows: a lane may have fallen below its bound."""
+        self.wake.set()
+
+    def stop(self) -> None:
+        """Stop the thread (idempotent); wait for it unless called from it. Units in flight are left to the runner."""
+        self.stopped = True
+        self.wake.set()
+        if threading.current_thread() is not self.thread:
+            self.thread.join(JOIN_S)
+            if self.thread.is_alive():
+                log.warning("zephon: the dispatcher thread did not stop within %s s (it waits on the loader's lock "
+                            "or its wake event); it is a daemon thread and exits with the process", JOIN_S)
+
+    # -- the thread ------------------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self.stopped:
+                self.wake.wait(IDLE_S)
+                self.wake.clear()
+                # A timeout, not a plain acquire: whoever stops us may hold the lock while it waits for us to leave.
+                if not self.lock.acquire(timeout=0.05):
+                    self.wake.set()
+                    continue
+                try:
+                    if not self.stopped and self._step():
+                        self.lock.notify_all()
+                finally:
+                    self.lock.release()
+        except BaseException as e:  # a bug of ours: the consumer must hear of it, not wait forever
+            self.crashed = e
+            with self.lock:
+                self.lock.notify_all()
+
+    def _step(self) -> bool:
+        """Absorb what finished, then hand out work. Returns whether any lane released something."""
+        released = False
+        for lane in self.order:
+            st = self.lanes[lane]
+            if lane not in self.errors and not st.finished:
+                try:
+                    released |= st.release(block=False)
+                except Exception as e:  # raised to the consumer when it needs this lane's next rows
+                    self.errors[lane] = e
+                    released = True
+        busy = sum(s.running() for s in self.lanes.values())
+        if self.want is not None:  # the lane the consumer waits on first, as far as it needs
+            lane, need = self.want
+            st = self.lanes[lane]
+            if lane not in self.errors:
+                if not st.pending and st.can_dispatch() and st.expected_rows() < need:
+                    st.dispatch(self.runner)  # even past capacity: the consumer waits on nothing else
+                    busy += 1
+                while busy < self.runner.capacity and st.can_dispatch() and st.expected_rows() < need:
+                    st.dispatch(self.runner)
+                    busy += 1
+        while busy < self.runner.capacity:
+            st = self._neediest()
+            if st is None:
+                break
+            st.dispatch(self.runner)
+            busy += 1
+        return released
+
+    def _neediest(self):
+        """The lane with the fewest expected rows among those below their read-ahead bound (the first in tail order
+        on ties), or None."""
+        best, best_rows = None, None
+        for lane in self.order:
+            st = self.lanes[lane]
+            if lane in self.errors or not st.can_dispatch():
+                continue
+            rows = st.expected_rows()
+            if rows < self.ahead_rows + _unit_rows(st) and (best is None or rows < best_rows):
+                best, best_rows = st, rows
+        return best
+
+
+def _unit_rows(st) -> float:
+    """Rows the next unit of lane pipeline ``st`` should give (0 before the lane produced a row)."""
+    if not st.total_produced:
+        return 0.0
+    return st.next_unit * st.total_produced / st.pointers_released
