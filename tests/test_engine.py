@@ -245,19 +245,23 @@ def test_ragged_per_rank_checkpoint_resumes_in_step_order(corpus, tokenizer_path
 
 def test_finite_stream_with_drop_last_yields_only_complete_steps_and_counts_the_rest(corpus, tokenizer_path):
     kw = dict(canonical_replicas=4, global_batch_size=8, exhaustion="stop", max_length=64, shuffle_buffer=0)
-    total = 0
+    tokens = 0  # real tokens of the whole pass (drop_last=False pads its last steps instead of dropping)
     for r in range(2):
         L = make_loader([corpus["code_jsonl"]], tokenizer_path, dp=2, rank=r, drop_last=False, **kw)
-        total += sum(len(mb["input_ids"]) - mb.get("__pad__", 0) for mb in L)  # padding rows end the pass
+        tokens += sum(int(mb["attention_mask"].sum()) for mb in L)
+    kept, dropped = 0, 0
     for r in range(2):
         L = make_loader([corpus["code_jsonl"]], tokenizer_path, dp=2, rank=r, drop_last=True, **kw)
         per_step = {}
         for mb in L:
             per_step.setdefault(mb["__step__"], []).append(len(mb["input_ids"]))
+            kept += int(mb["attention_mask"].sum())
         assert all(sum(v) == len(L.lanes) * 2 for v in per_step.values())
         assert sorted(per_step) == list(range(len(per_step)))
-        total -= L.stats()["delivered_rows"] + L.stats()["dropped_rows"]
-    assert total == 0
+        dropped += L.stats()["dropped_rows"]
+    # drop_last plans whole rows per lane (ALGORITHM_VERSION 4), so its rows differ from the padded pass's; every
+    # token it did not deliver sits in a counted dropped row (at most max_length each)
+    assert 0 <= tokens - kept <= dropped * kw["max_length"], (tokens, kept, dropped)
 
 
 @pytest.mark.parametrize("runner", ["inline", "threads"])
