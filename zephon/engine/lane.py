@@ -15,58 +15,17 @@ from collections import deque
 from time import perf_counter
 from itertools import islice
 
-from ..checkpoint import LaneCursor
-from ..ops.base import RecordError
-from ..formats import DataError
-from .stage import error_for
-
 import numpy as np
-from ..formats.records import OFFSET, piece_ref
+
+from ..checkpoint import LaneCursor
+from ..formats import DataError
+from ..formats.records import piece_ref
+from ..ops.base import RecordError
+from .carry import Carried, carrier_indexes, record_ref, ref_key, ref_record
+from .stage import error_for
 
 SENTINEL = "sentinel"
 END = "end"
-
-
-def record_ref(record: dict):
-    """A carried record's name in a checkpoint: its stream position, or ``[position, piece]`` for a piece
-    of a split document after the first, or ``[position, piece, offset]`` for a record whose first ``offset``
-    tokens were delivered already (``OFFSET``: concat packing carries a document cut mid-way)."""
-    position, piece = piece_ref(record)
-    offset = record.get(OFFSET, 0)
-    if offset:
-        return [position, piece, offset]
-    return position if piece == 0 else [position, piece]
-
-
-def _ref_key(ref) -> tuple[int, int]:
-    return (ref, 0) if isinstance(ref, int) else (ref[0], ref[1])
-
-
-def _ref_record(ref, by_ref: dict) -> dict:
-    """The regenerated record ``ref`` names (``by_ref``: piece identity -> record), with its ``OFFSET`` if any."""
-    record = by_ref[_ref_key(ref)]
-    return {**record, OFFSET: ref[2]} if isinstance(ref, list) and len(ref) == 3 else record
-
-
-def carrier_indexes(chain_ops) -> set[int]:
-    """Indexes of the pump-side operators whose accumulators carry across a sentinel: those with ``carry``
-    whose records can be regenerated (only reordering accumulators before them)."""
-    out = set()
-    for i, op in enumerate(chain_ops):
-        if op.stateful and hasattr(op.new_accumulator(0), "carry") and all(
-                o.reorders_only for o in chain_ops[:i] if o.stateful):
-            out.add(i)
-    return out
-
-
-class _Carried:
-    """The unit that regenerates the records carried into a resumed span (released before anything else)."""
-
-    def __init__(self, future):
-        self.future = future
-
-    def done(self) -> bool:
-        return self.future.done()
 
 
 class LanePipeline:
@@ -142,7 +101,7 @@ class LanePipeline:
 
     # -- dispatch ---------------------------------------------------------------------------
     def inflight(self) -> int:
-        return sum(1 for p in self.pending.values() if p not in (SENTINEL, END) and not isinstance(p, _Carried))
+        return sum(1 for p in self.pending.values() if p not in (SENTINEL, END) and not isinstance(p, Carried))
 
     def running(self) -> int:
         """Units submitted and not finished yet (what occupies workers)."""
@@ -163,9 +122,9 @@ class LanePipeline:
     def dispatch(self, runner) -> None:
         """Submit the next unit of work (and any sentinel/end marker that follows it)."""
         if self._resume_carry is not None:  # first the records carried into the resumed span
-            refs = {_ref_key(r) for bins in self._resume_carry.values() for b in bins for r in b}
+            refs = {ref_key(r) for bins in self._resume_carry.values() for b in bins for r in b}
             positions = np.array(sorted({p for p, _ in refs}), dtype=np.int64)
-            self._enqueue(_Carried(runner.submit(self.source.pointers(self.lane, -1, positions))))
+            self._enqueue(Carried(runner.submit(self.source.pointers(self.lane, -1, positions))))
             self._resume_carry = None
         if self.cur is None:
             n = self.source.num_chunks(self.lane)
@@ -223,7 +182,7 @@ class LanePipeline:
         released = False
         while self.seq_release in self.pending:
             item = self.pending[self.seq_release]
-            if isinstance(item, _Carried):
+            if isinstance(item, Carried):
                 if not item.done() and not (block and not released):
                     break
                 self._resume(item.future.result())
@@ -319,11 +278,11 @@ class LanePipeline:
                 if acc is None:
                     records = op.process_many(records)
             by_ref = {piece_ref(r): r for r in records}
-            missing = [r for b in bins for r in b if _ref_key(r) not in by_ref]
+            missing = [r for b in bins for r in b if ref_key(r) not in by_ref]
             if missing:
                 raise RuntimeError(f"lane {self.lane}: the checkpoint carries records {missing[:5]} that their "
                                    f"positions no longer produce (the data changed under the same fingerprint?)")
-            self.chain[i][1].resume([[_ref_record(r, by_ref) for r in b] for b in bins])
+            self.chain[i][1].resume([[ref_record(r, by_ref) for r in b] for b in bins])
 
     def _emit(self, rows: list) -> None:
         self.total_produced += len(rows)

@@ -17,7 +17,7 @@ from ..checkpoint.skips import SKIPS_KEY, check_skips, skip_in_state, skipped_ro
 from ..ops.batch import Batch
 from ..work import WorkSource, check_share_rows, lane_share, lanes_for_rank
 from .checks import check_datasets, check_finite_lanes, check_ops
-from .lane import carrier_indexes
+from .carry import carrier_indexes
 from .rowsplit import row_split
 from .stage import WorkStage
 

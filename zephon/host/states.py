@@ -9,7 +9,7 @@ import json
 
 from .. import checkpoint as ckpt
 from ..checkpoint.schema import CARRY_KEY, MAX_CARRIED
-from ..engine.lane import carrier_indexes
+from ..engine.carry import carrier_indexes
 
 MIN_CAPACITY = 1 << 16  # bytes
 
