@@ -16,6 +16,9 @@ import torch.utils.data
 import torch.utils.data._utils.collate as _torch_collate
 from torchdata.stateful_dataloader import StatefulDataLoader as _TorchdataStatefulDataLoader
 
+from zephon.checkpoint import check_given
+from zephon.host import SavedRanks
+
 from .dataset import ZephonIterableDataset, to_torch
 
 #: Per-row values of varying length: always a list with one tensor per row.
@@ -148,6 +151,7 @@ class _RankStateMixin:
         """Start the next ``iter()`` from ``state``: this rank's ``state_dict()``, a merged state
         (``global_state_dict``), or a ``zephon.host.SavedRanks`` of a save at any dp degree (only the old ranks
         holding this rank's lanes are read). Raises ``CheckpointError`` naming what differs or lacks."""
+        check_given(state, f"{type(self).__name__}.load_state_dict", also=(SavedRanks,))  # None: no silent step 0
         self.dataset.load_state_dict(state)  # validates: CheckpointError names what differs / lacks
 
     def global_state_dict(self, **gather_kwargs) -> dict:

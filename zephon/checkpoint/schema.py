@@ -38,6 +38,26 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be applied: another config, missing lanes, or malformed."""
 
 
+def check_given(state, where: str, *, none_ok: bool = False, also: tuple = ()) -> None:
+    """Refuse, before it is parsed, what a restore entry point cannot take: anything but a checkpoint dict (or a
+    list of them, or one of ``also``), naming what it got and what it expects.
+
+    state: what the caller was given. where: the entry point, for the message (``"Loader.restore"``).
+    none_ok: None is the entry point's documented fresh start (else it is refused: a fresh start never restores).
+    also: further accepted types, which also allow a list or tuple of dicts (a host's ``SavedRanks``).
+    Raises ``CheckpointError``."""
+    if isinstance(state, dict) or (state is None and none_ok) or (also and isinstance(state, also)):
+        return
+    if also and isinstance(state, (list, tuple)) and all(isinstance(s, dict) for s in state):
+        return
+    if state is None:
+        raise CheckpointError(f"{where} got None; it expects a Zephon checkpoint dict (for a fresh start do not "
+                              f"restore at all)")
+    hint = {bytes: "json.loads the bytes", str: "json.load the file (or json.loads the text)"}.get(type(state), "")
+    raise CheckpointError(f"{where} got a {type(state).__name__}; it expects a JSON dict (a Zephon checkpoint: "
+                          f"json.load the file){': ' + hint if hint else ''}")
+
+
 @dataclass(frozen=True)
 class LaneCursor:
     """One lane's position in a checkpoint: where its replay starts and how far delivery got.
