@@ -66,3 +66,19 @@ def test_missing_tokenizer_file_is_named_as_missing(tmp_path, capsys):
     rc = main(["verify", "--data", str(data), "--tokenizer", "nonexist.json", "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and "'nonexist.json' does not exist" in err
+
+
+@pytest.mark.parametrize("bad,reason", [({"txt": "doc"}, "missing field 'text'"),
+                                        ({"text": None}, "field 'text' is NoneType, expected text")])
+def test_jsonl_field_errors_name_the_line(tmp_path, bad, reason):
+    """A record the Decode refuses is named with its line, as a malformed line is: sample 6 sits on line 9
+    (two blank lines before it)."""
+    lines = [json.dumps({"text": f"doc {i}"}) for i in range(10)]
+    lines[6] = json.dumps(bad)
+    path = tmp_path / "a.jsonl"
+    path.write_text("\n".join(lines[:2] + ["", ""] + lines[2:]) + "\n")
+    with Loader([open_dataset(str(path))], [Decode("text"), Batch(1)], canonical_replicas=1, exhaustion="stop",
+                shuffle=False, runner="inline") as L:
+        with pytest.raises(DataError) as e:
+            list(L)
+    assert f"{path} (shard 0, sample 6, line 9)" in str(e.value) and reason in str(e.value), str(e.value)

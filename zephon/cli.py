@@ -166,7 +166,8 @@ def cmd_inspect(args) -> int:
               disable=args.no_progress or args.json, unit="sample" if args.deep else "shard") as bar:
         reports = []
         for i in range(len(ds.shards)):
-            reports.append(check_shard(ds, i, deep=args.deep, progress=bar.update if args.deep else None))
+            reports.append(check_shard(ds, i, deep=args.deep, progress=bar.update if args.deep else None,
+                                       field=args.field))
             if not args.deep:
                 bar.update(1)
     info = summary(ds, reports, args.deep)
@@ -199,6 +200,9 @@ def _print_inspect(path: str, info: dict) -> None:
           + ("all OK" if info["ok"] else f"{len(info['bad_shards'])} bad"))
 
 
+FIELD_HELP = "text field / column (Energon: a field_map field such as text, or a part such as txt)"
+
+
 def _pipeline_args(p, demo: bool, debug: bool = False) -> None:
     p.add_argument("--canonical-replicas", type=int, default=64, help="lanes (fixed for a run)")
     dp_help = "dp degree whose ranks explain names" if debug else "dp degree of the checkpointed run"
@@ -228,8 +232,7 @@ def _pipeline_args(p, demo: bool, debug: bool = False) -> None:
     p.add_argument("--ensure-mixture", action="store_true",
                    help="weights are token shares: correct sample weights by mean document length and "
                         "reorder documents by token deficit")
-    p.add_argument("--field", default="text",
-                   help="text field / column (Energon: a field_map field such as text, or a part such as txt)")
+    p.add_argument("--field", default="text", help=FIELD_HELP)
     p.add_argument("--eos-token", default="<eos>",
                    help="token (or integer id) appended to each document; must be in the tokenizer's vocabulary "
                         "(e.g. </s>, <|endoftext|>); the default <eos> is the demo tokenizer's")
@@ -269,6 +272,7 @@ def main_parser() -> argparse.ArgumentParser:
     insp.add_argument("path", help="dataset path: directory, glob, file, MDS or Energon root, or s3:// URL")
     insp.add_argument("--deep", action="store_true", help="also read (decode) every sample; name the first bad "
                                                           "sample of each shard")
+    insp.add_argument("--field", default="text", help=FIELD_HELP + "; --deep checks every sample holds it as text")
     insp.add_argument("--json", action="store_true")
     insp.add_argument("--no-progress", action="store_true")
     add_format_args(insp)
