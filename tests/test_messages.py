@@ -82,3 +82,20 @@ def test_jsonl_field_errors_name_the_line(tmp_path, bad, reason):
         with pytest.raises(DataError) as e:
             list(L)
     assert f"{path} (shard 0, sample 6, line 9)" in str(e.value) and reason in str(e.value), str(e.value)
+
+
+def test_edited_checkpoint_duplicate_lane_and_unknown_key_are_named(state):
+    """Edits with a recomputed lanes_sha256: lane 0's entry in place of lane 1's is called a duplicate (not
+    "lacks lanes [1]"); a top-level key no checkpoint has is refused by name. The unedited state restores."""
+    from zephon.checkpoint import digest
+
+    L, st = state
+    dup = copy.deepcopy(st)
+    dup["lanes"] = [dup["lanes"][0], copy.deepcopy(dup["lanes"][0])]
+    dup["lanes_sha256"] = digest(dup["lanes"])
+    with pytest.raises(CheckpointError, match=r"lane 0 appears twice \(with the same state\)"):
+        L.restore(dup)
+    extra = dict(copy.deepcopy(st), resume_from="step 3")
+    with pytest.raises(CheckpointError, match="unknown field 'resume_from'"):
+        L.restore(extra)
+    L.restore(copy.deepcopy(st))
