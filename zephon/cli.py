@@ -207,19 +207,22 @@ def _pipeline_args(p, demo: bool, debug: bool = False) -> None:
     p.add_argument("--canonical-replicas", type=int, default=64, help="lanes (fixed for a run)")
     dp_help = "dp degree whose ranks explain names" if debug else "dp degree of the checkpointed run"
     p.add_argument("--dp", type=int, default=1 if debug else 16, help=f"{dp_help} (default {1 if debug else 16})")
-    p.add_argument("--resume-dp", default="8,32,64", help="comma-separated dp degrees to resume on (default 8,32,64)")
-    p.add_argument("--checkpoint-step", type=int, default=20 if demo else 150)
-    p.add_argument("--steps", type=int, default=40 if demo else 300)
+    if not debug:  # explain / diff replay from a checkpoint: no run to take, resume or tabulate
+        p.add_argument("--resume-dp", default="8,32,64",
+                       help="comma-separated dp degrees to resume on (default 8,32,64)")
+        p.add_argument("--checkpoint-step", type=int, default=20 if demo else 150)
+        p.add_argument("--steps", type=int, default=40 if demo else 300)
     p.add_argument("--max-length", type=int, default=2048, help="tokens per packed row")
     p.add_argument("--micro-batch", type=_positive, default=1, help="rows per micro-batch")
     p.add_argument("--global-batch-size", type=int, default=None,
                    help="rows per global step (default canonical_replicas x micro-batch)")
-    p.add_argument("--runner", default="threads", choices=["inline", "threads", "processes"])
     p.add_argument("--workers", type=_positive, default=2)
-    p.add_argument("--resume-runner", default=None, choices=["inline", "threads", "processes"])
-    p.add_argument("--resume-workers", type=_positive, default=None)
-    p.add_argument("--resume-micro-batch", type=_positive, default=None,
-                   help="micro-batch size after the resume (gradient accumulation keeps the global batch)")
+    if not debug:
+        p.add_argument("--runner", default="threads", choices=["inline", "threads", "processes"])
+        p.add_argument("--resume-runner", default=None, choices=["inline", "threads", "processes"])
+        p.add_argument("--resume-workers", type=_positive, default=None)
+        p.add_argument("--resume-micro-batch", type=_positive, default=None,
+                       help="micro-batch size after the resume (gradient accumulation keeps the global batch)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chunk-size", type=int, default=256, help="pointers per chunk")
     p.add_argument("--flush-every-k-chunks", type=float, default=None,
@@ -238,9 +241,10 @@ def _pipeline_args(p, demo: bool, debug: bool = False) -> None:
                         "(e.g. </s>, <|endoftext|>); the default <eos> is the demo tokenizer's")
     p.add_argument("--on-error", default="raise", choices=["raise", "skip"],
                    help="bad samples: raise (default) or skip, count and report them")
-    p.add_argument("--output-json", default=None, help="write every step's digests and the checkpoint here")
-    p.add_argument("--table-rows", type=_positive, default=None,
-                   help="show only this many steps either side of the checkpoint")
+    if not debug:
+        p.add_argument("--output-json", default=None, help="write every step's digests and the checkpoint here")
+        p.add_argument("--table-rows", type=_positive, default=None,
+                       help="show only this many steps either side of the checkpoint")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -287,7 +291,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     args.argv, args.parser = argv, parser  # diff re-parses its --against flags with this parser
     if args.cmd in ("demo", "verify") and not 0 < args.checkpoint_step < args.steps:
-        parser.error(f"need 0 < --checkpoint-step ({args.checkpoint_step}) < --steps ({args.steps})")
+        parser.error(f"need 0 < --checkpoint-step ({args.checkpoint_step}) < --steps ({args.steps}): verify checks "
+                     f"a resume from mid-run (a step-0 checkpoint, Loader.checkpoint() before the first batch, "
+                     f"restores through the API)")
     from .checkpoint import CheckpointError
     from .formats import DataError, remote
     from .work import TopologyError

@@ -156,7 +156,8 @@ class _RankStateMixin:
 
     def global_state_dict(self, **gather_kwargs) -> dict:
         """Every rank's state merged (a collective when torch.distributed is initialised: call it on
-        all ranks; see ``zephon.host.gather_checkpoint`` for ``aggregate_dir``/``run_id``/``timeout``).
+        all ranks; see ``zephon.host.gather_checkpoint`` for ``aggregate_dir``/``run_id``/``timeout``: seconds
+        a rank waits for the others, default 300, then an error naming the missing ranks).
         Restorable at any dp degree that divides ``canonical_replicas``."""
         return self._session.global_state(**gather_kwargs)
 
