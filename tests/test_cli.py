@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 
 import pytest
 
@@ -265,3 +266,27 @@ def test_new_users_verify_mistakes_get_one_line_errors_naming_the_flag(corpus, t
     assert "--dp 16" in err and "--dp defaults to 16" in err and "--micro-batch 1" in err
     from zephon.cli_pipeline import special_tokens as _special_tokens
     assert _special_tokens(tokenizer_path).endswith("e.g. --eos-token '<eos>'")  # not '<pad>', listed first
+
+
+def test_explain_help_lists_only_the_flags_explain_uses(capsys):
+    """explain and diff replay from a checkpoint: verify's run flags (resume, steps, runner, table) are not theirs,
+    while the pipeline flags they do use stay."""
+    verify_only = ("--resume-dp", "--checkpoint-step", "--steps", "--resume-runner", "--resume-workers",
+                   "--resume-micro-batch", "--runner", "--output-json", "--table-rows")
+    for cmd in ("explain", "diff"):
+        with pytest.raises(SystemExit):
+            main([cmd, "--help"])
+        out = capsys.readouterr().out
+        assert not [f for f in verify_only if re.search(rf"{f}\b", out)], out
+        assert all(f in out for f in ("--chunk-size", "--shuffle-buffer", "--max-length", "--checkpoint"))
+    with pytest.raises(SystemExit):
+        main(["verify", "--help"])
+    out = capsys.readouterr().out
+    assert all(f in out for f in verify_only)
+
+
+def test_checkpoint_step_0_refusal_points_to_the_api(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["verify", "--data", "x", "--checkpoint-step", "0"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "need 0 < --checkpoint-step (0)" in err and "step-0 checkpoint" in err

@@ -95,3 +95,25 @@ def test_zephon_demo_runs_its_whole_job_on_a_small_corpus(demo_home, tmp_path):
                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert "Elastic resume" in out.stdout and "OK" in out.stdout, out.stdout[-2000:]
+
+
+def test_debugging_explain_command_reads_the_worked_examples_checkpoint(demo_home, tmp_path):
+    """docs/debugging.md's `zephon explain 120 --checkpoint ckpt.json ...` runs as written on the checkpoint its
+    worked example writes, and names the same documents (file:line) for step 120 as the example's Python explain."""
+    doc = [b for b in blocks() if b[0] == "docs/debugging.md"]
+    example = next(b[3] for b in doc if b[2] == "python" and '"ckpt.json"' in b[3])
+    command = next(line for b in doc if b[2] == "bash" for line in b[3].splitlines()
+                   if line.startswith("zephon explain 120 --checkpoint ckpt.json") and "..." not in line)
+    env = {k: v for k, v in os.environ.items() if k not in ("ZEPHON_DEMO_DIR", "ZEPHON_CACHE_DIR")}
+    env.update(HOME=str(demo_home), PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "adapters")]),
+               PATH=os.pathsep.join([str(demo_home / ".venv" / "bin"), env.get("PATH", "")]))
+    r = subprocess.run([sys.executable, "-c", example], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    want = re.findall(r"^120 \d+ \w+ (\S+:\d+) ", r.stdout, re.M)
+    assert len(want) >= 3
+    c = subprocess.run(["bash", "-euc", command + " --no-progress"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert c.returncode == 0, c.stderr
+    for piece in want:
+        assert f"/{piece} " in c.stdout, f"{piece} not in:\n{c.stdout}"

@@ -205,7 +205,7 @@ def test_lone_surrogate_raises_a_named_error(tmp_path, texts, tokenizer_path):
     _write_jsonl(d / "a.jsonl", texts, bad_lines={6: '{"text": "lone \\ud800 surrogate"}'})
     L = make_loader([str(d)], tokenizer_path, canonical_replicas=1, exhaustion="stop", global_batch_size=1,
                     max_length=4096)
-    with pytest.raises(DataError, match=r"a.jsonl \(shard 0, sample 6\).*UTF-8"):
+    with pytest.raises(DataError, match=r"a.jsonl \(shard 0, sample 6, line 7\).*UTF-8"):
         _drain(L)
 
 

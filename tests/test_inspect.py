@@ -296,3 +296,30 @@ def test_every_file_that_does_not_open_is_named_and_exits_1(mds_dir, tmp_path, c
     os.remove(m / shard)
     rc, _, err = _inspect(capsys, str(m))
     assert rc == 1 and shard in err and "missing" in err, err
+
+
+def test_deep_checks_the_text_field_of_every_sample(tmp_path, capsys):
+    """--deep refuses what the Loader's Decode(--field) would refuse: a JSONL record without the field (its line
+    named: a blank line before it), a null text, a Parquet file without the column; --field names another one."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d = tmp_path / "fields"
+    d.mkdir()
+    lines = [json.dumps({"text": f"doc {i}", "body": f"b {i}"}) for i in range(20)]
+    lines[7] = json.dumps({"txt": "doc 7", "body": "b 7"})
+    (d / "a.jsonl").write_text("\n".join(lines[:3] + [""] + lines[3:]) + "\n")  # sample 7 is on line 9
+    nulls = list(lines)
+    nulls[7] = json.dumps({"text": "doc 7", "body": "b 7"})
+    nulls[12] = json.dumps({"text": None, "body": "b 12"})
+    (d / "b.jsonl").write_text("\n".join(nulls) + "\n")
+    pq.write_table(pa.table({"body": [f"row {i}" for i in range(5)]}), d / "c.parquet")
+
+    rc, out, err = _inspect(capsys, str(d), "--deep")
+    assert rc == 1
+    assert f"first bad sample 7: {d / 'a.jsonl'} (shard 0, sample 7, line 9): missing field 'text'" in out
+    assert f"first bad sample 12: {d / 'b.jsonl'} (shard 1, sample 12, line 13): field 'text' is NoneType" in out
+    assert f"5 of 5 samples do not read; first bad sample 0: {d / 'c.parquet'} (shard 2, sample 0)" in out
+    assert "3 of 3 shards bad" in err
+    rc, out, err = _inspect(capsys, str(d), "--deep", "--field", "body")
+    assert rc == 0 and "all OK" in out

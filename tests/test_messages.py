@@ -66,3 +66,36 @@ def test_missing_tokenizer_file_is_named_as_missing(tmp_path, capsys):
     rc = main(["verify", "--data", str(data), "--tokenizer", "nonexist.json", "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and "'nonexist.json' does not exist" in err
+
+
+@pytest.mark.parametrize("bad,reason", [({"txt": "doc"}, "missing field 'text'"),
+                                        ({"text": None}, "field 'text' is NoneType, expected text")])
+def test_jsonl_field_errors_name_the_line(tmp_path, bad, reason):
+    """A record the Decode refuses is named with its line, as a malformed line is: sample 6 sits on line 9
+    (two blank lines before it)."""
+    lines = [json.dumps({"text": f"doc {i}"}) for i in range(10)]
+    lines[6] = json.dumps(bad)
+    path = tmp_path / "a.jsonl"
+    path.write_text("\n".join(lines[:2] + ["", ""] + lines[2:]) + "\n")
+    with Loader([open_dataset(str(path))], [Decode("text"), Batch(1)], canonical_replicas=1, exhaustion="stop",
+                shuffle=False, runner="inline") as L:
+        with pytest.raises(DataError) as e:
+            list(L)
+    assert f"{path} (shard 0, sample 6, line 9)" in str(e.value) and reason in str(e.value), str(e.value)
+
+
+def test_edited_checkpoint_duplicate_lane_and_unknown_key_are_named(state):
+    """Edits with a recomputed lanes_sha256: lane 0's entry in place of lane 1's is called a duplicate (not
+    "lacks lanes [1]"); a top-level key no checkpoint has is refused by name. The unedited state restores."""
+    from zephon.checkpoint import digest
+
+    L, st = state
+    dup = copy.deepcopy(st)
+    dup["lanes"] = [dup["lanes"][0], copy.deepcopy(dup["lanes"][0])]
+    dup["lanes_sha256"] = digest(dup["lanes"])
+    with pytest.raises(CheckpointError, match=r"lane 0 appears twice \(with the same state\)"):
+        L.restore(dup)
+    extra = dict(copy.deepcopy(st), resume_from="step 3")
+    with pytest.raises(CheckpointError, match="unknown field 'resume_from'"):
+        L.restore(extra)
+    L.restore(copy.deepcopy(st))

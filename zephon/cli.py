@@ -166,7 +166,8 @@ def cmd_inspect(args) -> int:
               disable=args.no_progress or args.json, unit="sample" if args.deep else "shard") as bar:
         reports = []
         for i in range(len(ds.shards)):
-            reports.append(check_shard(ds, i, deep=args.deep, progress=bar.update if args.deep else None))
+            reports.append(check_shard(ds, i, deep=args.deep, progress=bar.update if args.deep else None,
+                                       field=args.field))
             if not args.deep:
                 bar.update(1)
     info = summary(ds, reports, args.deep)
@@ -199,23 +200,29 @@ def _print_inspect(path: str, info: dict) -> None:
           + ("all OK" if info["ok"] else f"{len(info['bad_shards'])} bad"))
 
 
+FIELD_HELP = "text field / column (Energon: a field_map field such as text, or a part such as txt)"
+
+
 def _pipeline_args(p, demo: bool, debug: bool = False) -> None:
     p.add_argument("--canonical-replicas", type=int, default=64, help="lanes (fixed for a run)")
     dp_help = "dp degree whose ranks explain names" if debug else "dp degree of the checkpointed run"
     p.add_argument("--dp", type=int, default=1 if debug else 16, help=f"{dp_help} (default {1 if debug else 16})")
-    p.add_argument("--resume-dp", default="8,32,64", help="comma-separated dp degrees to resume on (default 8,32,64)")
-    p.add_argument("--checkpoint-step", type=int, default=20 if demo else 150)
-    p.add_argument("--steps", type=int, default=40 if demo else 300)
+    if not debug:  # explain / diff replay from a checkpoint: no run to take, resume or tabulate
+        p.add_argument("--resume-dp", default="8,32,64",
+                       help="comma-separated dp degrees to resume on (default 8,32,64)")
+        p.add_argument("--checkpoint-step", type=int, default=20 if demo else 150)
+        p.add_argument("--steps", type=int, default=40 if demo else 300)
     p.add_argument("--max-length", type=int, default=2048, help="tokens per packed row")
     p.add_argument("--micro-batch", type=_positive, default=1, help="rows per micro-batch")
     p.add_argument("--global-batch-size", type=int, default=None,
                    help="rows per global step (default canonical_replicas x micro-batch)")
-    p.add_argument("--runner", default="threads", choices=["inline", "threads", "processes"])
     p.add_argument("--workers", type=_positive, default=2)
-    p.add_argument("--resume-runner", default=None, choices=["inline", "threads", "processes"])
-    p.add_argument("--resume-workers", type=_positive, default=None)
-    p.add_argument("--resume-micro-batch", type=_positive, default=None,
-                   help="micro-batch size after the resume (gradient accumulation keeps the global batch)")
+    if not debug:
+        p.add_argument("--runner", default="threads", choices=["inline", "threads", "processes"])
+        p.add_argument("--resume-runner", default=None, choices=["inline", "threads", "processes"])
+        p.add_argument("--resume-workers", type=_positive, default=None)
+        p.add_argument("--resume-micro-batch", type=_positive, default=None,
+                       help="micro-batch size after the resume (gradient accumulation keeps the global batch)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chunk-size", type=int, default=256, help="pointers per chunk")
     p.add_argument("--flush-every-k-chunks", type=float, default=None,
@@ -228,16 +235,16 @@ def _pipeline_args(p, demo: bool, debug: bool = False) -> None:
     p.add_argument("--ensure-mixture", action="store_true",
                    help="weights are token shares: correct sample weights by mean document length and "
                         "reorder documents by token deficit")
-    p.add_argument("--field", default="text",
-                   help="text field / column (Energon: a field_map field such as text, or a part such as txt)")
+    p.add_argument("--field", default="text", help=FIELD_HELP)
     p.add_argument("--eos-token", default="<eos>",
                    help="token (or integer id) appended to each document; must be in the tokenizer's vocabulary "
                         "(e.g. </s>, <|endoftext|>); the default <eos> is the demo tokenizer's")
     p.add_argument("--on-error", default="raise", choices=["raise", "skip"],
                    help="bad samples: raise (default) or skip, count and report them")
-    p.add_argument("--output-json", default=None, help="write every step's digests and the checkpoint here")
-    p.add_argument("--table-rows", type=_positive, default=None,
-                   help="show only this many steps either side of the checkpoint")
+    if not debug:
+        p.add_argument("--output-json", default=None, help="write every step's digests and the checkpoint here")
+        p.add_argument("--table-rows", type=_positive, default=None,
+                       help="show only this many steps either side of the checkpoint")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -269,6 +276,7 @@ def main_parser() -> argparse.ArgumentParser:
     insp.add_argument("path", help="dataset path: directory, glob, file, MDS or Energon root, or s3:// URL")
     insp.add_argument("--deep", action="store_true", help="also read (decode) every sample; name the first bad "
                                                           "sample of each shard")
+    insp.add_argument("--field", default="text", help=FIELD_HELP + "; --deep checks every sample holds it as text")
     insp.add_argument("--json", action="store_true")
     insp.add_argument("--no-progress", action="store_true")
     add_format_args(insp)
@@ -283,7 +291,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     args.argv, args.parser = argv, parser  # diff re-parses its --against flags with this parser
     if args.cmd in ("demo", "verify") and not 0 < args.checkpoint_step < args.steps:
-        parser.error(f"need 0 < --checkpoint-step ({args.checkpoint_step}) < --steps ({args.steps})")
+        parser.error(f"need 0 < --checkpoint-step ({args.checkpoint_step}) < --steps ({args.steps}): verify checks "
+                     f"a resume from mid-run (a step-0 checkpoint, Loader.checkpoint() before the first batch, "
+                     f"restores through the API)")
     from .checkpoint import CheckpointError
     from .formats import DataError, remote
     from .work import TopologyError

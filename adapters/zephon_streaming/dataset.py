@@ -50,7 +50,7 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
     ``runner`` / ``num_threads`` (the core runner inside each process), ``aggregate_dir`` /
     ``run_id`` (a shared directory to merge ranks' lanes in ``state_dict`` when torch.distributed is
     not initialised), ``state_timeout`` (seconds ``state_dict`` waits for a worker's entry, and rank 0 for
-    the other ranks),
+    the other ranks; default 60, then a ``LookupError`` / timeout error naming what did not arrive),
     ``channel_dir`` (where the private directory of the side channel and the workers' step exchange lives;
     default ``/dev/shm`` when it has room, else the system temp dir), ``exchange_timeout`` (seconds a DataLoader
     worker waits for another worker that is computing lanes of the step it yields; waits on the training loop's

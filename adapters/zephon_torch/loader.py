@@ -16,6 +16,9 @@ import torch.utils.data
 import torch.utils.data._utils.collate as _torch_collate
 from torchdata.stateful_dataloader import StatefulDataLoader as _TorchdataStatefulDataLoader
 
+from zephon.checkpoint import check_given
+from zephon.host import SavedRanks
+
 from .dataset import ZephonIterableDataset, to_torch
 
 #: Per-row values of varying length: always a list with one tensor per row.
@@ -148,11 +151,13 @@ class _RankStateMixin:
         """Start the next ``iter()`` from ``state``: this rank's ``state_dict()``, a merged state
         (``global_state_dict``), or a ``zephon.host.SavedRanks`` of a save at any dp degree (only the old ranks
         holding this rank's lanes are read). Raises ``CheckpointError`` naming what differs or lacks."""
+        check_given(state, f"{type(self).__name__}.load_state_dict", also=(SavedRanks,))  # None: no silent step 0
         self.dataset.load_state_dict(state)  # validates: CheckpointError names what differs / lacks
 
     def global_state_dict(self, **gather_kwargs) -> dict:
         """Every rank's state merged (a collective when torch.distributed is initialised: call it on
-        all ranks; see ``zephon.host.gather_checkpoint`` for ``aggregate_dir``/``run_id``/``timeout``).
+        all ranks; see ``zephon.host.gather_checkpoint`` for ``aggregate_dir``/``run_id``/``timeout``: seconds
+        a rank waits for the others, default 300, then an error naming the missing ranks).
         Restorable at any dp degree that divides ``canonical_replicas``."""
         return self._session.global_state(**gather_kwargs)
 

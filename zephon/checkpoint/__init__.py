@@ -8,7 +8,8 @@ checkpoint must not run code. See docs/concepts.md.
 from .aggregate import AggregationError, Aggregator, LocalAggregator
 from .gather import gather_checkpoint
 from .merge import merge_rank_states, merge_states
-from .schema import (ALGORITHM_VERSION, FORMAT, LANE_KEYS, CheckpointError, LaneCursor, canonical_json, config_diff,
+from .schema import (ALGORITHM_VERSION, FORMAT, LANE_KEYS, CheckpointError, LaneCursor, canonical_json,
+                     check_given, config_diff,
                      config_digest, digest, first_step, initial_lanes, lane_ranges, make_state, summarize_config,
                      validate)
 from .skips import skip_in_state
@@ -16,7 +17,8 @@ from .shared_dir import DirectoryAggregator, committed_rounds, latest_checkpoint
 from .torch_dist import TorchDistAggregator
 
 __all__ = ["ALGORITHM_VERSION", "AggregationError", "Aggregator", "CheckpointError", "DirectoryAggregator", "FORMAT",
-           "LANE_KEYS", "LaneCursor", "LocalAggregator", "TorchDistAggregator", "canonical_json", "committed_rounds",
+           "LANE_KEYS", "LaneCursor", "LocalAggregator", "TorchDistAggregator", "canonical_json", "check_given",
+           "committed_rounds",
            "config_diff", "config_digest", "digest", "first_step", "gather_checkpoint", "initial_lanes", "lane_ranges",
            "latest_checkpoint", "make_state", "merge_rank_states", "merge_states", "skip_in_state", "summarize_config",
            "validate"]

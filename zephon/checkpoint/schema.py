@@ -38,6 +38,26 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be applied: another config, missing lanes, or malformed."""
 
 
+def check_given(state, where: str, *, none_ok: bool = False, also: tuple = ()) -> None:
+    """Refuse, before it is parsed, what a restore entry point cannot take: anything but a checkpoint dict (or a
+    list of them, or one of ``also``), naming what it got and what it expects.
+
+    state: what the caller was given. where: the entry point, for the message (``"Loader.restore"``).
+    none_ok: None is the entry point's documented fresh start (else it is refused: a fresh start never restores).
+    also: further accepted types, which also allow a list or tuple of dicts (a host's ``SavedRanks``).
+    Raises ``CheckpointError``."""
+    if isinstance(state, dict) or (state is None and none_ok) or (also and isinstance(state, also)):
+        return
+    if also and isinstance(state, (list, tuple)) and all(isinstance(s, dict) for s in state):
+        return
+    if state is None:
+        raise CheckpointError(f"{where} got None; it expects a Zephon checkpoint dict (for a fresh start do not "
+                              f"restore at all)")
+    hint = {bytes: "json.loads the bytes", str: "json.load the file (or json.loads the text)"}.get(type(state), "")
+    raise CheckpointError(f"{where} got a {type(state).__name__}; it expects a JSON dict (a Zephon checkpoint: "
+                          f"json.load the file){': ' + hint if hint else ''}")
+
+
 @dataclass(frozen=True)
 class LaneCursor:
     """One lane's position in a checkpoint: where its replay starts and how far delivery got.
@@ -253,13 +273,14 @@ def validate(state, fingerprint: str, summary: dict, lanes=None, resume_check=No
     lanes_list = state["lanes"]
     if state["lanes_sha256"] != digest(lanes_list):
         raise CheckpointError("checkpoint lane entries were altered or truncated (lanes_sha256 does not match)")
-    _check_derived(state, summary, lanes_list, schedule_checked=resume_check is not None)
     by_lane = {}
-    for entry in lanes_list:
+    for entry in lanes_list:  # before the derived fields: a duplicated lane is named as such, not as a wrong step
         cursor = LaneCursor.from_dict(entry)
-        if cursor.lane in by_lane and by_lane[cursor.lane] != cursor:
-            raise CheckpointError(f"lane {cursor.lane} appears twice with different states")
+        if cursor.lane in by_lane:  # merged states hold each lane once: a second copy is an edit
+            same = "the same state" if by_lane[cursor.lane] == cursor else "different states"
+            raise CheckpointError(f"lane {cursor.lane} appears twice (with {same}): each lane must appear once")
         by_lane[cursor.lane] = cursor
+    _check_derived(state, summary, lanes_list, schedule_checked=resume_check is not None)
     if resume_check is not None:
         try:
             resume_check(state)
@@ -275,6 +296,10 @@ def validate(state, fingerprint: str, summary: dict, lanes=None, resume_check=No
 
 # The fields every checkpoint has (make_state), with their types: checked before their values are compared.
 _FIELDS = {"fingerprint": str, "config": dict, "lanes": list, "lanes_sha256": str}
+#: Every top-level key a checkpoint may hold: ``make_state``'s, a rank checkpoint's topology
+#: (``host.rank_checkpoint``) and zephon_energon's epoch offsets (a rank's, or merged per lane).
+_KEYS = set(_FIELDS) | {"format", "canonical_replicas", "rows_per_lane_step", "step", "saved_at", "epoch_offset",
+                        "epoch_offsets"}
 
 
 def _check_fields(state: dict) -> None:
@@ -283,6 +308,8 @@ def _check_fields(state: dict) -> None:
     missing = [k for k in _FIELDS if k not in state]
     wrong = [f"{k!r} is {type(state[k]).__name__}, expected {t.__name__}" for k, t in _FIELDS.items()
              if k in state and not isinstance(state[k], t)]
+    unknown = sorted(k for k in state if k not in _KEYS)
+    wrong += [f"unknown field {k!r} (a checkpoint holds {', '.join(sorted(_KEYS))})" for k in unknown]
     if missing or wrong:
         what = "; ".join(([f"missing field(s) {', '.join(map(repr, missing))}"] if missing else []) + wrong)
         raise CheckpointError(f"damaged checkpoint: {what}. Save states with loader.checkpoint() (or merge_states) "

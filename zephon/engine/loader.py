@@ -224,6 +224,7 @@ class Loader:
             delivers what ``b`` would have (steps as training counts them). The checkpoint's own skips are kept;
             later checkpoints record them all (``LoaderPlan.with_restored_skips``, which raises ``CheckpointError``
             for a skip that starts before the checkpoint's step)."""
+        ckpt.check_given(state, "Loader.restore")  # bytes, a str path or a list: say what it expects
         plan = self.plan.with_restored_skips(state, skip_steps)
         by_lane = plan.validate(state, self.lanes)
         with self._lock:

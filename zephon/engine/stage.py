@@ -56,8 +56,12 @@ def error_for(datasets, src, message: str) -> DataError:
     if src is None:
         return DataError(message)
     ds = datasets[src.dataset]
+    try:  # JSONL: the line too, as a malformed line's error has it
+        line = ds.locate(src.shard, src.sample).get("line")
+    except Exception:  # an error path: a file that no longer reads must not hide the error being reported
+        line = None
     return DataError(f"dataset {ds.name!r}: {message}", path=ds.shards[src.shard].path, shard=src.shard,
-                     sample=src.sample)
+                     sample=src.sample, line=line)
 
 
 class WorkStage:

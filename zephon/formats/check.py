@@ -10,7 +10,8 @@ Per shard, cheaply (no sample data beyond a first and last record):
 - Energon: the tar against its ``.tar.idx`` and ``.nv-meta`` counts, first and last samples parse with their
   indexed keys (``energon.check.tar_problems``).
 
-``deep=True`` also reads (decodes) every sample and names the first bad one per shard. A shard that cannot be
+``deep=True`` also reads (decodes) every sample and names the first bad one per shard (with ``field``, also a
+sample whose field is missing or not text, as ``Decode`` would refuse it). A shard that cannot be
 opened at all is reported with the reason, never raised, so one run names every bad shard.
 """
 from __future__ import annotations
@@ -110,13 +111,32 @@ CHECKS: dict[str, Callable[..., list]] = {"mds": _mds, "jsonl": _jsonl, "parquet
 FILE_CHECKS: dict[str, Callable[..., list]] = {"mds": _mds_file}
 
 
-def _read_all(reader, rep: ShardReport, progress: Callable[[int], object] | None) -> None:
+def _field_error(reader, rep: ShardReport, i: int, record: dict, field: str | None) -> str | None:
+    """The error a ``Decode(field)`` would raise for ``record`` (sample ``i``), naming file, shard, sample (and
+    line for JSONL); None when the field is text (or no field is checked)."""
+    from ..ops.base import RecordError
+    from ..ops.basic import text_of
+
+    if field is None:
+        return None
+    try:
+        text_of(record, field)
+        return None
+    except RecordError as e:
+        locate = getattr(reader, "locate", None)
+        line = locate(i).get("line") if locate is not None else None
+        return str(DataError(str(e), path=rep.path, shard=rep.shard, sample=i, line=line))
+
+
+def _read_all(reader, rep: ShardReport, progress: Callable[[int], object] | None, field: str | None) -> None:
     n = reader.num_samples
     for lo in range(0, n, DEEP_BATCH):
         idx = list(range(lo, min(n, lo + DEEP_BATCH)))
         try:
             recs = reader.read(idx, on_error="skip")
-            errors = [(i, r["__error__"]) for i, r in zip(idx, recs) if "__error__" in r]
+            errors = [(i, r["__error__"] if "__error__" in r else _field_error(reader, rep, i, r, field))
+                      for i, r in zip(idx, recs)]
+            errors = [(i, e) for i, e in errors if e is not None]
         except DataError as e:  # the whole batch failed (e.g. the file is shorter than its index)
             first = e.sample if e.sample is not None else idx[0]
             errors = [(i, str(e.located(sample=i)) if i == first else None) for i in idx if i >= first]
@@ -130,11 +150,12 @@ def _read_all(reader, rep: ShardReport, progress: Callable[[int], object] | None
 
 
 def check_shard(ds: Dataset, shard_id: int, *, deep: bool = False,
-                progress: Callable[[int], object] | None = None) -> ShardReport:
+                progress: Callable[[int], object] | None = None, field: str | None = None) -> ShardReport:
     """Check shard ``shard_id`` of ``ds`` with a fresh reader (never the dataset's cached one).
 
     deep: also read every sample (``DEEP_BATCH`` at a time). progress: called with the number of samples read
-    after each batch of a deep check. Returns a ``ShardReport``; bad data (and a remote object that cannot be
+    after each batch of a deep check. field: with ``deep``, every sample must hold this field as text (what
+    ``Decode(field)`` takes; None: not checked). Returns a ``ShardReport``; bad data (and a remote object that cannot be
     fetched) never raises.
     """
     info = ds.shards[shard_id]
@@ -162,7 +183,7 @@ def check_shard(ds: Dataset, shard_id: int, *, deep: bool = False,
         except DataError:
             pass  # the first record does not parse: the check above says so
         if deep:
-            _read_all(reader, rep, progress)
+            _read_all(reader, rep, progress, field)
     finally:
         close = getattr(reader, "close", None)
         if close is not None:
@@ -181,8 +202,10 @@ def summary(ds: Dataset, reports: list[ShardReport], deep: bool) -> dict:
             "shards": [r.as_dict() for r in reports]}
 
 
-def check_source(source, *, deep: bool = False, progress: Callable[[int], object] | None = None, **kw) -> dict:
-    """Open ``source`` (``kw`` as for ``open_dataset``, on_error forced to "raise") and check every shard.
+def check_source(source, *, deep: bool = False, progress: Callable[[int], object] | None = None,
+                 field: str | None = None, **kw) -> dict:
+    """Open ``source`` (``kw`` as for ``open_dataset``, on_error forced to "raise") and check every shard
+    (``field``: as for ``check_shard``).
 
     Returns ``summary(...)``. Raises like ``open_dataset`` when the dataset itself cannot be opened (no index,
     bad index.json, a shard file missing); problems of opened shards are reported, not raised.
@@ -190,5 +213,5 @@ def check_source(source, *, deep: bool = False, progress: Callable[[int], object
     from .registry import open_dataset
 
     ds = open_dataset(source, **{**kw, "on_error": "raise"})
-    reports = [check_shard(ds, i, deep=deep, progress=progress) for i in range(len(ds.shards))]
+    reports = [check_shard(ds, i, deep=deep, progress=progress, field=field) for i in range(len(ds.shards))]
     return summary(ds, reports, deep)

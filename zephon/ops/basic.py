@@ -8,6 +8,23 @@ def _callable_name(fn) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
+def text_of(record: dict, field: str) -> str:
+    """Field ``field`` of ``record`` as text (``Decode``'s rule, also ``zephon inspect --deep``'s check).
+
+    record: a reader's record. field: a column, Energon field_map field or part (``field_value``).
+    Returns the str (bytes decoded as UTF-8). Raises ``RecordError`` when the field is missing, not text
+    (None included), or not valid UTF-8."""
+    v = field_value(record, field)
+    if isinstance(v, bytes):
+        try:
+            return v.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise RecordError(f"field {field!r} is not valid UTF-8: {e}", record) from None
+    if not isinstance(v, str):
+        raise RecordError(f"field {field!r} is {type(v).__name__}, expected text", record)
+    return v
+
+
 class Decode(Operator):
     """Take field ``field`` of each record as text: ``str`` passes, ``bytes`` are decoded as UTF-8.
 
@@ -28,15 +45,7 @@ class Decode(Operator):
         out = []
         f = self.field
         for r in records:
-            v = field_value(r, f)
-            if isinstance(v, bytes):
-                try:
-                    v = v.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise RecordError(f"field {f!r} is not valid UTF-8: {e}", r) from None
-            elif not isinstance(v, str):
-                raise RecordError(f"field {f!r} is {type(v).__name__}, expected text", r)
-            rec = {f: v, "__src__": r["__src__"]}
+            rec = {f: text_of(r, f), "__src__": r["__src__"]}
             for k in self.keep:
                 rec[k] = r.get(k)
             out.append(rec)

@@ -3,7 +3,8 @@
 Whole rounds give every lane the same number of samples, not the same number of tokens: short documents make
 one lane's pass end rows before another's, and every other lane pays padding rows (or drops its last rows) while
 it does. When the datasets know their samples' sizes before reading (``Dataset.sample_sizes``: JSONL line
-lengths), the last whole rounds and the rest of the pass are one region cut into one contiguous segment per lane,
+lengths; never MDS, whose sizes only local raw shards know), the last whole rounds and the rest of the pass are
+one region cut into one contiguous segment per lane,
 in lane order, each segment ending where the running total of the lanes' sizes (whole rounds included) is closest
 to its target. The region reaches back as many rounds as it takes for no lane to be above its target before it
 (at least the last whole round).

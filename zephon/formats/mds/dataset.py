@@ -57,12 +57,12 @@ class MdsDataset(Dataset):
             super()._check_unchanged(shard_id, info)
 
     def sample_sizes(self, shard_id: int):
-        """Local raw shards: each sample's bytes from the shard header. A remote or compressed shard: None (knowing
-        them would mean fetching or decompressing every shard before the first batch)."""
-        meta = self.metas[shard_id]
-        if self.remote is not None or (meta.zip is not None and self.shards[shard_id].path == meta.zip_path):
-            return None
-        return super().sample_sizes(shard_id)
+        """None for every MDS shard: a finite pass over MDS keeps the count split. Only a local raw shard's header
+        knows its samples' bytes (a remote or compressed one would have to be fetched or decompressed first), and a
+        split that depends on where the data lives gives a bucket and its local copy different global batches.
+
+        shard_id: the shard (unused)."""
+        return None
 
     def _make_reader(self, shard_id: int):
         info, meta = self.shards[shard_id], self.metas[shard_id]

@@ -110,10 +110,6 @@ class MdsReader:
     def num_samples(self) -> int:
         return self.meta.samples
 
-    def sample_sizes(self) -> np.ndarray | None:
-        """Bytes of each sample, from the header's offsets (None when a damaged offset leaves some unknown)."""
-        return np.diff(self.offsets).astype(np.int64) if bool(self._ok.all()) else None
-
     def first_keys(self) -> list[str]:
         """Column names (requested ones if given), for ``inspect``."""
         return list(self.columns if self.columns is not None else self.meta.column_names)
