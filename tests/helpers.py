@@ -186,3 +186,11 @@ def write_one_line_docs(root, n: int, shards: int) -> str:
             for i in range(s, n, shards):
                 fh.write(json.dumps({"text": f"document {i} says hello"}) + "\n")
     return str(root)
+
+
+def one_row_loader(root, tokenizer_path, runner, **loader_kwargs):
+    """``(dataset, Loader)`` over ``write_one_line_docs``' documents, unpacked (one 64-token row per document,
+    one row per micro-batch), two workers of ``runner``; ``loader_kwargs`` go to ``Loader``."""
+    ds = open_dataset(root)
+    ops = [Decode("text"), Tokenize(tokenizer_path, eos_id="<eos>", max_length=64), Batch(1)]
+    return ds, Loader([ds], ops, runner=runner, num_workers=2, **loader_kwargs)

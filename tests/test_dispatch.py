@@ -10,11 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from zephon.engine import Loader
-from zephon.formats import open_dataset
-from zephon.ops import Batch, Decode, Tokenize
 
-from helpers import CountingReads, write_one_line_docs
+from helpers import CountingReads, one_row_loader, write_one_line_docs
 
 LANES, AHEAD, UNIT = 4, 8, 2
 
@@ -26,10 +23,8 @@ def one_row_docs(tmp_path_factory):
 
 
 def _loader(root, tokenizer_path, runner):
-    ds = open_dataset(root)
-    ops = [Decode("text"), Tokenize(tokenizer_path, eos_id="<eos>", max_length=64), Batch(1)]
-    return ds, Loader([ds], ops, canonical_replicas=LANES, chunk_size=16, unit_size=UNIT, runner=runner,
-                      num_workers=2, read_ahead_steps=AHEAD)
+    return one_row_loader(root, tokenizer_path, runner, canonical_replicas=LANES, chunk_size=16, unit_size=UNIT,
+                          read_ahead_steps=AHEAD)
 
 
 def _digest(mb) -> str:

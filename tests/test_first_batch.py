@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from zephon.engine import Loader
 from zephon.formats import open_dataset
 from zephon.ops import Batch, Decode, Pack, Tokenize
 
-from helpers import CountingReads, StepHasher, make_loader, run_steps, write_one_line_docs
+from helpers import CountingReads, StepHasher, make_loader, one_row_loader, run_steps, write_one_line_docs
 
 LANES, ROWS = 64, 2  # rows per lane step
 
@@ -38,10 +37,8 @@ def short_docs(tmp_path_factory):
 
 
 def _loader(root, tokenizer_path, runner):
-    ds = open_dataset(root)
-    ops = [Decode("text"), Tokenize(tokenizer_path, eos_id="<eos>", max_length=64), Batch(1)]
-    return ds, Loader([ds], ops, canonical_replicas=LANES, global_batch_size=LANES * ROWS, chunk_size=64,
-                      runner=runner, num_workers=2)
+    return one_row_loader(root, tokenizer_path, runner, canonical_replicas=LANES, global_batch_size=LANES * ROWS,
+                          chunk_size=64)
 
 
 @pytest.mark.parametrize("runner", ["inline", "threads"])
