@@ -21,9 +21,10 @@ Shuffle(32) + Batch(1), weights 0.7/0.3 over the corpus' two datasets, 2 workers
    CPU-free). Stall = seconds inside ``next()`` during the loop / wall seconds of the loop.
 
 Runners ``inline``/``threads``/``processes`` drive ``zephon.Loader`` directly; ``zephon_torch`` is its
-``DataLoader(ZephonIterableDataset, batch_size=None, num_workers=2)`` (inline runner in each worker; one item is
-the rank's step, every lane's rows; ``zephon_torch_threads``, only on request: a threads runner of 1 worker, so the
-core's dispatcher reads ahead, in each);
+``DataLoader(ZephonIterableDataset, batch_size=None, num_workers=2)`` (a 1-thread runner in each worker; one item is
+the rank's step, every lane's rows); on request, ``zephon_torch_threads`` (that runner named explicitly) and
+``zephon_torch_inline`` / ``zephon_streaming_inline`` / ``zephon_energon_inline`` (the inline runner in each host
+worker, the adapters' default before: no read-ahead but the host's prefetch);
 ``zephon_streaming`` and ``zephon_energon`` iterate their host's own format (MDS, WebDataset from
 ``benchmarks/prepare.py``) as their hosts' users do: text samples, batch 8, 2 workers, a step being 8 batches, and
 for Energon a TaskEncoder that tokenizes (``benchmarks/formats.py``); their "tokens" are the tokens Energon's encoder
@@ -40,7 +41,9 @@ from .common import RssWatch, markdown_table, run_child
 from .stall_vl import VL_CONFIGS, prepare_vl, vl_iterator
 
 CONFIGS = ("inline", "threads", "processes", "zephon_torch", "zephon_streaming", "zephon_energon")
-EXTRA = ("zephon_torch_threads",)  # on request (--configs): zephon_torch, a threads runner (+ dispatcher) per worker
+# On request (--configs): zephon_torch with an explicit threads runner (+ dispatcher) per worker (now the default), and
+# each adapter with the inline runner per host worker (the default before: no read-ahead but the host's prefetch).
+EXTRA = ("zephon_torch_threads", "zephon_torch_inline", "zephon_streaming_inline", "zephon_energon_inline")
 LANES, SEQ = 64, 2048
 
 
@@ -70,6 +73,11 @@ def _mask_tokens(mb) -> int:
 def _iterator(cfg):
     """``(iterator, items per step, count(item) -> tokens, what the count is)`` for ``cfg["config"]``."""
     name = cfg["config"]
+    if name.endswith("_inline"):  # the host workers (forked: they inherit this) run the core inline
+        import zephon.host.workers
+
+        zephon.host.workers.HOST_WORKER_RUNNER = ("inline", 1)
+        name = name[:-len("_inline")]
     if cfg.get("pipeline") == "vl":  # images: benchmarks/stall_vl.py
         return vl_iterator(cfg)
     if name in ("inline", "threads", "processes"):
