@@ -1,7 +1,7 @@
 """Data stall of a simulated training loop: the fraction of wall time the loop waits on the loader.
 
-    python -m benchmarks --only stall [--quick] [--repeats 3] [--headroom 1.2] [--matmul-ms 0] [--steps 16]
-                                      [--warmup 8] [--lanes 64]
+    python -m benchmarks --only stall [--quick] [--repeats 3] [--headroom 1.2] [--target NAME=RATE,...]
+                                      [--matmul-ms 0] [--steps 16] [--warmup 8] [--lanes 64]
                                       [--configs inline,threads,processes,zephon_torch,zephon_streaming,zephon_energon]
                                       [--tokenizer PATH] [--pipeline demo|vl]
 
@@ -14,8 +14,9 @@ Shuffle(32) + Batch(1), weights 0.7/0.3 over the corpus' two datasets, 2 workers
 2. probe: ``--steps`` steps free-running: the loader's throughput R (tokens/s, real tokens; for the core runners the
    tokens their workers produced meanwhile, since what the probe consumes may come from the read-ahead);
 3. the loop: ``--warmup`` paced steps not counted (the probe drained the loader's read-ahead, a paced loop never
-   does), then ``--steps`` steps of a simulated training step paced at the target ``R / headroom`` tokens/s. A step
-   takes the next ``per_step`` items (one global step: 64 lane micro-batches of one 2048-token row), then "trains"
+   does), then ``--steps`` steps of a simulated training step paced at the target ``R / headroom`` tokens/s
+   (``--target``: a fixed one). A step takes the next ``per_step`` items (one global step: 64 lane micro-batches
+   of one 2048-token row), then "trains"
    for ``tokens of the step / target`` seconds: ``--matmul-ms`` of them in a 1-thread numpy matmul (CPU the step
    takes from the loader, as a host thread launching kernels does), the rest in ``time.sleep`` (a GPU computing,
    CPU-free). Stall = seconds inside ``next()`` during the loop / wall seconds of the loop.
@@ -167,6 +168,9 @@ def child_run(cfg) -> dict:
         probe = run_loop(it, per_step, count, cfg["steps"], None)
         rate = ((made() - made0) or probe["units"]) / probe["wall_s"]
         target = rate / cfg["headroom"]
+        # --target: the same pace for a configuration and its variants (X, X_inline), whatever their probes say (an
+        # adapter's probe counts what it consumed, read-ahead included, so a loader that works ahead looks faster)
+        target = (cfg.get("targets") or {}).get(cfg["config"].removesuffix("_inline").removesuffix("_threads"), target)
         # the matmul share of a step: matmul_ms per step of the probe's mean size
         per_unit = cfg["matmul_ms"] / 1000 / (probe["units"] / cfg["steps"])
         # The free-running probe drained the read-ahead, which a loop paced below the loader's rate never does: the
@@ -213,6 +217,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 4)")
     ap.add_argument("--lanes", type=int, default=LANES, help="canonical_replicas (default: the demo's %(default)s)")
     ap.add_argument("--headroom", type=float, default=1.2, help="loader throughput / target (default 1.2)")
+    ap.add_argument("--target", default="", help="fixed paces, units/s: name=rate[,name=rate] (name without "
+                    "_inline/_threads: a configuration and its variants share it; default: probe rate / headroom)")
     ap.add_argument("--matmul-ms", type=float, default=0.0, help="CPU matmul per step, ms (1 BLAS thread)")
     ap.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the demo's 8192-token BPE)")
     ap.add_argument("--pipeline", choices=("demo", "vl"), default="demo",
@@ -229,6 +235,7 @@ def main(argv=None) -> int:
     m = prepare(args.workdir, quick=args.quick, log=lambda *_: None)
     cfg = {"manifest": m, "data": m["jsonl"], "tokenizer": args.tokenizer or m["tokenizer"],
            "steps": args.steps or (4 if args.quick else 16), "warmup": args.warmup or (1 if args.quick else 8),
+           "targets": {k: float(v) for k, v in (t.split("=") for t in args.target.split(",") if t)},
            "headroom": args.headroom, "lanes": args.lanes, "matmul_ms": args.matmul_ms, "pipeline": args.pipeline,
            "vl": prepare_vl(args.workdir, args.quick) if args.pipeline == "vl" else None}
     repeats = args.repeats or (1 if args.quick else 3)
