@@ -1,7 +1,7 @@
 """Data stall of a simulated training loop: the fraction of wall time the loop waits on the loader.
 
-    python -m benchmarks --only stall [--quick] [--repeats 3] [--headroom 1.2] [--matmul-ms 0] [--steps 16]
-                                      [--warmup 8] [--lanes 64]
+    python -m benchmarks --only stall [--quick] [--repeats 3] [--headroom 1.2] [--target NAME=RATE,...]
+                                      [--matmul-ms 0] [--steps 16] [--warmup 8] [--lanes 64]
                                       [--configs inline,threads,processes,zephon_torch,zephon_streaming,zephon_energon]
                                       [--tokenizer PATH] [--pipeline demo|vl]
 
@@ -14,16 +14,18 @@ Shuffle(32) + Batch(1), weights 0.7/0.3 over the corpus' two datasets, 2 workers
 2. probe: ``--steps`` steps free-running: the loader's throughput R (tokens/s, real tokens; for the core runners the
    tokens their workers produced meanwhile, since what the probe consumes may come from the read-ahead);
 3. the loop: ``--warmup`` paced steps not counted (the probe drained the loader's read-ahead, a paced loop never
-   does), then ``--steps`` steps of a simulated training step paced at the target ``R / headroom`` tokens/s. A step
-   takes the next ``per_step`` items (one global step: 64 lane micro-batches of one 2048-token row), then "trains"
+   does), then ``--steps`` steps of a simulated training step paced at the target ``R / headroom`` tokens/s
+   (``--target``: a fixed one). A step takes the next ``per_step`` items (one global step: 64 lane micro-batches
+   of one 2048-token row), then "trains"
    for ``tokens of the step / target`` seconds: ``--matmul-ms`` of them in a 1-thread numpy matmul (CPU the step
    takes from the loader, as a host thread launching kernels does), the rest in ``time.sleep`` (a GPU computing,
    CPU-free). Stall = seconds inside ``next()`` during the loop / wall seconds of the loop.
 
 Runners ``inline``/``threads``/``processes`` drive ``zephon.Loader`` directly; ``zephon_torch`` is its
-``DataLoader(ZephonIterableDataset, batch_size=None, num_workers=2)`` (inline runner in each worker; one item is
-the rank's step, every lane's rows; ``zephon_torch_threads``, only on request: a threads runner of 1 worker, so the
-core's dispatcher reads ahead, in each);
+``DataLoader(ZephonIterableDataset, batch_size=None, num_workers=2)`` (a 1-thread runner in each worker; one item is
+the rank's step, every lane's rows); on request, ``zephon_torch_threads`` (that runner named explicitly) and
+``zephon_torch_inline`` / ``zephon_streaming_inline`` / ``zephon_energon_inline`` (the inline runner in each host
+worker, the adapters' default before: no read-ahead but the host's prefetch);
 ``zephon_streaming`` and ``zephon_energon`` iterate their host's own format (MDS, WebDataset from
 ``benchmarks/prepare.py``) as their hosts' users do: text samples, batch 8, 2 workers, a step being 8 batches, and
 for Energon a TaskEncoder that tokenizes (``benchmarks/formats.py``); their "tokens" are the tokens Energon's encoder
@@ -40,7 +42,9 @@ from .common import RssWatch, markdown_table, run_child
 from .stall_vl import VL_CONFIGS, prepare_vl, vl_iterator
 
 CONFIGS = ("inline", "threads", "processes", "zephon_torch", "zephon_streaming", "zephon_energon")
-EXTRA = ("zephon_torch_threads",)  # on request (--configs): zephon_torch, a threads runner (+ dispatcher) per worker
+# On request (--configs): zephon_torch with an explicit threads runner (+ dispatcher) per worker (now the default), and
+# each adapter with the inline runner per host worker (the default before: no read-ahead but the host's prefetch).
+EXTRA = ("zephon_torch_threads", "zephon_torch_inline", "zephon_streaming_inline", "zephon_energon_inline")
 LANES, SEQ = 64, 2048
 
 
@@ -70,6 +74,11 @@ def _mask_tokens(mb) -> int:
 def _iterator(cfg):
     """``(iterator, items per step, count(item) -> tokens, what the count is)`` for ``cfg["config"]``."""
     name = cfg["config"]
+    if name.endswith("_inline"):  # the host workers (forked: they inherit this) run the core inline
+        import zephon.host.workers
+
+        zephon.host.workers.HOST_WORKER_RUNNER = ("inline", 1)
+        name = name[:-len("_inline")]
     if cfg.get("pipeline") == "vl":  # images: benchmarks/stall_vl.py
         return vl_iterator(cfg)
     if name in ("inline", "threads", "processes"):
@@ -159,6 +168,9 @@ def child_run(cfg) -> dict:
         probe = run_loop(it, per_step, count, cfg["steps"], None)
         rate = ((made() - made0) or probe["units"]) / probe["wall_s"]
         target = rate / cfg["headroom"]
+        # --target: the same pace for a configuration and its variants (X, X_inline), whatever their probes say (an
+        # adapter's probe counts what it consumed, read-ahead included, so a loader that works ahead looks faster)
+        target = (cfg.get("targets") or {}).get(cfg["config"].removesuffix("_inline").removesuffix("_threads"), target)
         # the matmul share of a step: matmul_ms per step of the probe's mean size
         per_unit = cfg["matmul_ms"] / 1000 / (probe["units"] / cfg["steps"])
         # The free-running probe drained the read-ahead, which a loop paced below the loader's rate never does: the
@@ -205,6 +217,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 4)")
     ap.add_argument("--lanes", type=int, default=LANES, help="canonical_replicas (default: the demo's %(default)s)")
     ap.add_argument("--headroom", type=float, default=1.2, help="loader throughput / target (default 1.2)")
+    ap.add_argument("--target", default="", help="fixed paces, units/s: name=rate[,name=rate] (name without "
+                    "_inline/_threads: a configuration and its variants share it; default: probe rate / headroom)")
     ap.add_argument("--matmul-ms", type=float, default=0.0, help="CPU matmul per step, ms (1 BLAS thread)")
     ap.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the demo's 8192-token BPE)")
     ap.add_argument("--pipeline", choices=("demo", "vl"), default="demo",
@@ -221,6 +235,7 @@ def main(argv=None) -> int:
     m = prepare(args.workdir, quick=args.quick, log=lambda *_: None)
     cfg = {"manifest": m, "data": m["jsonl"], "tokenizer": args.tokenizer or m["tokenizer"],
            "steps": args.steps or (4 if args.quick else 16), "warmup": args.warmup or (1 if args.quick else 8),
+           "targets": {k: float(v) for k, v in (t.split("=") for t in args.target.split(",") if t)},
            "headroom": args.headroom, "lanes": args.lanes, "matmul_ms": args.matmul_ms, "pipeline": args.pipeline,
            "vl": prepare_vl(args.workdir, args.quick) if args.pipeline == "vl" else None}
     repeats = args.repeats or (1 if args.quick else 3)

@@ -5,7 +5,10 @@ Oracle: an uninterrupted single-rank core Loader (``helpers.make_loader``), hash
 """
 from __future__ import annotations
 
+import gc
 import json
+import threading
+import time
 
 import pytest
 
@@ -352,3 +355,54 @@ def test_torchtitan_loader_restores_a_0_2_0_dcp_checkpoint(corpus, tokenizer_pat
     assert torch.equal(next(iter(again))[0]["input"], next(it)[0]["input"][:8])
     with pytest.raises(CheckpointError, match="no Zephon data loader state under 'model'"):
         again.prepare_load(str(tmp_path / "v020"), key="model")
+
+
+def _zephon_threads() -> list:
+    return [t for t in threading.enumerate() if t.name.startswith(("zephon-dispatch", "zephon-worker"))]
+
+
+def _wait_until(ok, seconds: float, what: str) -> None:
+    end = time.monotonic() + seconds
+    while not ok():
+        assert time.monotonic() < end, f"timed out after {seconds} s waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_host_workers_read_ahead_by_default_and_leave_no_thread(dirs, tokenizer_path):
+    """What a DataLoader worker runs (worker 0 of 2's items) reads ahead in a dispatcher thread by default, gives the
+    same items as ``worker_runner="inline"`` (no thread), and an abandoned iteration's threads end."""
+    ds = make_dataset(dirs, tokenizer_path, dp=1, rank=0)
+    before = _zephon_threads()
+    assert not before, f"zephon threads left by an earlier test: {before}"
+    inline = ds.session.worker_items(2, 0, runner="inline")
+    ref = [next(inline)[0]["state"] for _ in range(12)]
+    assert not _zephon_threads()  # inline computes in next(), on this thread
+    inline.close()
+    items = ds.session.worker_items(2, 0)  # the default, as in each DataLoader worker
+    got = [next(items)[0]["state"] for _ in range(12)]
+    assert got == ref
+    assert {t.name for t in _zephon_threads()} >= {"zephon-dispatch", "zephon-worker_0"}
+    del items  # abandoned, not closed
+    gc.collect()
+    _wait_until(lambda: not _zephon_threads(), 30, "the abandoned worker loader's threads to end")
+
+
+def test_abandoned_dataloader_workers_exit(dirs, tokenizer_path):
+    """Forked DataLoader workers running the default (threaded) worker runner exit promptly when their iterator is
+    dropped mid-stream (torch joins them; a thread of theirs that blocked exit would hold them past the wait)."""
+    psutil = pytest.importorskip("psutil")
+
+    def children():
+        return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+
+    base = len(children())
+    dl = zephon_torch.DataLoader(make_dataset(dirs, tokenizer_path, dp=1, rank=0), num_workers=2)
+    it = iter(dl)
+    for _ in range(5):
+        next(it)
+    assert len(children()) >= base + 2  # the workers really were running
+    t0 = time.monotonic()
+    del it
+    gc.collect()
+    _wait_until(lambda: len(children()) <= base, 20, "the DataLoader's worker processes to exit")
+    assert time.monotonic() - t0 < 10

@@ -22,7 +22,7 @@ R = 8  # canonical_replicas
 FIELD_DTYPES = {"input_ids": np.int32, "labels": np.int32, "position_ids": np.int32, "attention_mask": np.uint8}
 
 
-def make_dataset(dirs, tok, *, dp, rank, micro_batch=1, runner="inline", worker_runner="inline",
+def make_dataset(dirs, tok, *, dp, rank, micro_batch=1, runner="inline", worker_runner=None,
                  exhaustion="repeat"):
     """``ZephonIterableDataset`` with ``helpers.make_loader``'s defaults (global batch 2 * R rows)."""
     import zephon_torch

@@ -8,6 +8,7 @@ A hook that raises ``SkipSample`` drops its element (counted); other errors go t
 """
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from types import GeneratorType
 
@@ -40,6 +41,10 @@ def overridden(task_encoder, name: str) -> bool:
 
 # -- the Energon worker context ----------------------------------------------------------------
 _CONTEXTS: dict[int, WorkerConfig] = {}
+# Energon keeps the active worker context in class attributes (one per process), and hooks run on several threads (a
+# threads runner's worker, the dispatcher's accumulators, the consumer's batching): one hook at a time, or a thread
+# would read another's sample index and restore another's context on exit (left active for Energon's own loaders).
+_CONTEXT_LOCK = threading.RLock()
 
 
 @contextmanager
@@ -47,19 +52,20 @@ def energon_context(seed_offset: int, index: int):
     """Activate an Energon worker context (so ``current_sample_index``, ``restore_seeds`` and
     ``WorkerConfig.active_worker_config`` work in user hooks) whose worker identity is fixed and whose
     sample index is ``index``: hook randomness then depends on the element, never on the topology."""
-    cfg = _CONTEXTS.get(seed_offset)
-    if cfg is None:
-        cfg = _CONTEXTS[seed_offset] = WorkerConfig(rank=0, world_size=1, num_workers=1, seed_offset=seed_offset)
-    outer = WorkerConfig.active_worker_config, WorkerConfig._sample_index_stack, \
-        WorkerConfig._worker_override_global_rank
-    WorkerConfig.active_worker_config = None
-    # override_global_rank=1 (truthy): worker 1 % 1 == 0 of a 1-worker rank, in or out of a DataLoader worker.
-    cfg.worker_activate(int(index), override_global_rank=1)
-    try:
-        yield
-    finally:
-        WorkerConfig.active_worker_config, WorkerConfig._sample_index_stack, \
-            WorkerConfig._worker_override_global_rank = outer
+    with _CONTEXT_LOCK:
+        cfg = _CONTEXTS.get(seed_offset)
+        if cfg is None:
+            cfg = _CONTEXTS[seed_offset] = WorkerConfig(rank=0, world_size=1, num_workers=1, seed_offset=seed_offset)
+        outer = WorkerConfig.active_worker_config, WorkerConfig._sample_index_stack, \
+            WorkerConfig._worker_override_global_rank
+        WorkerConfig.active_worker_config = None
+        # override_global_rank=1 (truthy): worker 1 % 1 == 0 of a 1-worker rank, in or out of a DataLoader worker.
+        cfg.worker_activate(int(index), override_global_rank=1)
+        try:
+            yield
+        finally:
+            WorkerConfig.active_worker_config, WorkerConfig._sample_index_stack, \
+                WorkerConfig._worker_override_global_rank = outer
 
 
 def element_index(record) -> int:

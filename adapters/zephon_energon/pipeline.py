@@ -80,7 +80,10 @@ class EnergonDataset(IterableDataset):
         info = get_worker_info()
         W, w = (0, 0) if info is None else (info.num_workers, info.id)
         self._since_gc = 0
-        yield from self.session.worker_items(W, w, finish=self._finish)
+        # inline, not the hosts' read-ahead default: Energon's worker context is process-wide, so hooks run one at a
+        # time under a lock, and a garbage collection inside a hook that closes another loader waits for that
+        # loader's threads, which wait for the lock (a deadlock, seen in tests/test_energon_adapter.py).
+        yield from self.session.worker_items(W, w, finish=self._finish, runner="inline")
 
     def _finish(self, mb) -> list:
         """A lane micro-batch -> what the loader yields: the sample (``batch_size=None``) or

@@ -47,7 +47,9 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
     documents end to end cut into rows, no padding, as llm-foundry's ``concat_tokens``), ``chunk_size``
     (pointers per chunk; a one-pass
     epoch drops at most ``num_canonical_nodes x chunk_size + global batch`` samples at its end),
-    ``runner`` / ``num_threads`` (the core runner inside each process), ``aggregate_dir`` /
+    ``runner`` / ``num_threads`` (the core runner inside each process; default None / None: one thread
+    that reads ahead, ``zephon.host.workers.HOST_WORKER_RUNNER``; ``"inline"`` computes only when asked),
+    ``aggregate_dir`` /
     ``run_id`` (a shared directory to merge ranks' lanes in ``state_dict`` when torch.distributed is
     not initialised), ``state_timeout`` (seconds ``state_dict`` waits for a worker's entry, and rank 0 for
     the other ranks; default 60, then a ``LookupError`` / timeout error naming what did not arrive),
@@ -73,7 +75,7 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
                  stream_name="stream", stream_config=None,
                  tokenizer=None, text_column="text", max_seq_len=2048, eos_id=None, packing="best_fit",
                  chunk_size=64,
-                 runner="inline", num_threads=2, aggregate_dir=None, run_id=None, state_timeout=60.0,
+                 runner=None, num_threads=None, aggregate_dir=None, run_id=None, state_timeout=60.0,
                  channel_dir=None, exchange_timeout=300.0):
         refuse_unsupported(sampling_method=sampling_method, sampling_granularity=sampling_granularity,
                            partition_algo=partition_algo, shuffle_algo=shuffle_algo, batching_method=batching_method,

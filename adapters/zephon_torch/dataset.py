@@ -56,7 +56,8 @@ class ZephonIterableDataset(IterableDataset):
             ``torch.distributed`` group, else 1 and 0.
         runner, num_workers: the core runner used when the DataLoader has no workers (default
             ``"threads"``, 2). ``worker_runner``, ``worker_num_workers``: the runner inside each
-            DataLoader worker process (default ``"inline"``: the DataLoader workers are the parallelism).
+            DataLoader worker process (default None: ``zephon.host.workers.HOST_WORKER_RUNNER``, one thread
+            that reads ahead while the worker hands items out; ``"inline"`` computes only when asked).
         **loader_kwargs: the rest of ``zephon.Loader``'s arguments (``canonical_replicas``,
             ``global_batch_size``, ``seed``, ``weights``, ``chunk_size``, ``exhaustion``, ...).
     Yields one dict per lane micro-batch (``to_torch`` of ``Loader``'s micro-batch): tensors
@@ -68,7 +69,7 @@ class ZephonIterableDataset(IterableDataset):
     (``TopologyError``, ``ValueError``, ``CheckpointError``, ``DataError`` while iterating)."""
 
     def __init__(self, datasets, ops, *, dp_degree=None, dp_rank=None, runner="threads", num_workers: int = 2,
-                 worker_runner="inline", worker_num_workers: int = 1, **loader_kwargs):
+                 worker_runner=None, worker_num_workers=None, **loader_kwargs):
         super().__init__()
         dp_degree, dp_rank = dp_from_environment(dp_degree, dp_rank)
         for k in ("lanes", "emit_state", "runner", "num_workers"):

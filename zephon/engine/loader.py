@@ -250,7 +250,7 @@ class Loader:
         self._stop_dispatcher()  # the last iteration's: its lanes are replaced now
         if self._runner is None:
             self._runner = make_runner(self._runner_spec, self.stage, self.num_workers)
-            self._stop_runner = weakref.finalize(self, self._runner.close)
+            self._stop_runner = weakref.finalize(self, self._runner.close, False)  # a collection never waits
         ledger, dry = new_ledger(self.plan, self.lanes, self.max_skip_fraction), dry_limit(self.plan)
         rps = self.rows_per_lane_step
         skipped = [(lo * rps, hi * rps) for lo, hi in stream_ranges(self.plan.skips)]
@@ -384,7 +384,8 @@ class Loader:
         also stops them when it ends; ``with Loader(...) as loader:`` calls this on leaving the block."""
         self._stop_dispatcher()
         if self._runner is not None and self._owns_runner:
-            self._stop_runner()  # runs runner.close() once; the finalizer is then dead
+            self._stop_runner.detach()  # the finalizer is then dead; an explicit close waits for the workers
+            self._runner.close()
             self._runner = None
 
     def __enter__(self):

@@ -21,7 +21,7 @@ from .agreement import StepAgreement, _dist, agreed_steps, padded_steps, short_s
 from .assembly import StepAssembly
 from .progress import Progress, initial_state
 from .ranks import rank_checkpoint, restorable
-from .workers import worker_lanes
+from .workers import host_worker_runner, worker_lanes
 
 log = logging.getLogger("zephon")
 
@@ -103,19 +103,22 @@ class RankSession:
         return self.plan.finite and self.plan.batch.drop_last
 
     # -- worker side ------------------------------------------------------------------------------
-    def worker_loader(self, num_workers: int = 0, worker_id: int = 0, runner="inline", workers: int = 1):
+    def worker_loader(self, num_workers: int = 0, worker_id: int = 0, runner=None, workers=None):
         """A ``Loader`` over worker ``worker_id`` of ``num_workers``'s lanes (0 workers:
-        the whole rank), starting from the session's current state; None when the share is empty."""
+        the whole rank), starting from the session's current state; None when the share is empty.
+        ``runner``, ``workers``: its runner and worker count (None: ``host_worker_runner``'s, a thread that reads
+        ahead)."""
         lanes = None if num_workers == 0 else worker_lanes(self.rank_lanes, num_workers, worker_id)
         if lanes == []:
             return None
+        runner, workers = host_worker_runner(runner, workers)
         L = Loader.from_plan(self.plan, lanes=lanes, runner=runner, num_workers=workers, emit_state=True,
                              **self._options)
         L.restore(self._start)
         return L
 
-    def worker_items(self, num_workers: int = 0, worker_id: int = 0, *, finish=None, runner="inline",
-                     workers: int = 1):
+    def worker_items(self, num_workers: int = 0, worker_id: int = 0, *, finish=None, runner=None,
+                     workers=None):
         """Iterate this worker's lanes and yield ``(meta, payload)``.
 
         meta: ``lane``, ``step``, ``micro``, ``rows`` (rows of the lane micro-batch), ``state`` (its lane's

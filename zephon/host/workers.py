@@ -19,3 +19,20 @@ def worker_lanes(lanes: list[int], num_workers: int, worker_id: int) -> list[int
         raise TopologyError(f"worker_id={worker_id} is outside [0, num_workers={n})")
     w = max(d for d in range(1, min(n, len(lanes)) + 1) if len(lanes) % d == 0) if lanes else 1
     return list(lanes[worker_id::w]) if worker_id < w else []
+
+
+# The core runner of a host worker's Loader when the adapter's user names none. One worker thread, so the core's
+# dispatcher computes the next units (up to ``read_ahead_steps``) while the host process hands the last ones out:
+# with ``inline`` a worker computes only inside ``next()`` and the host's prefetch is its only read-ahead (stall
+# 43 % -> 19 % for zephon_torch at 8 lanes, docs/benchmarks.md). One thread: the host's workers are the parallelism.
+HOST_WORKER_RUNNER = ("threads", 1)
+
+
+def host_worker_runner(runner=None, workers=None) -> tuple:
+    """The ``(runner, num_workers)`` a host worker's ``Loader`` runs with.
+
+    runner: ``"inline"``, ``"threads"``, ``"processes"`` or a runner the core accepts; None: ``HOST_WORKER_RUNNER``.
+    workers: the runner's worker count; None: ``HOST_WORKER_RUNNER``'s (1). Returns the pair; the ``Loader``
+    validates it (ValueError)."""
+    return (HOST_WORKER_RUNNER[0] if runner is None else runner,
+            HOST_WORKER_RUNNER[1] if workers is None else workers)

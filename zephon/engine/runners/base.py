@@ -19,8 +19,8 @@ class Runner:
     def submit(self, ptrs) -> Future:
         raise NotImplementedError
 
-    def close(self) -> None:
-        pass
+    def close(self, wait: bool = True) -> None:
+        """Stop the runner's workers; ``wait``: until they have stopped (False from a finalizer)."""
 
 
 class InlineRunner(Runner):
@@ -48,8 +48,9 @@ class ThreadRunner(Runner):
     def submit(self, ptrs) -> Future:
         return self._pool.submit(self.stage.run, ptrs)
 
-    def close(self) -> None:
-        # A finalizer may run this on one of the pool's own threads (a garbage collection there): it cannot
-        # wait for itself, and its unit finishes anyway.
+    def close(self, wait: bool = True) -> None:
+        # A finalizer (wait=False) runs on whatever thread collected the loader, maybe inside a work function
+        # holding a lock that this pool's worker waits for: waiting there could deadlock; the workers end anyway
+        # once their unit is done. Neither can one of the pool's own threads wait for itself.
         mine = threading.current_thread() in getattr(self._pool, "_threads", ())
-        self._pool.shutdown(wait=not mine, cancel_futures=True)
+        self._pool.shutdown(wait=wait and not mine, cancel_futures=True)

@@ -182,8 +182,8 @@ class ProcessRunner(Runner):
         self._wake()
         return f
 
-    def close(self) -> None:
-        """Stop the workers (at once: their socket closes) and cancel units not finished."""
+    def close(self, wait: bool = True) -> None:
+        """Stop the workers (at once: their socket closes) and cancel units not finished (``wait``: unused)."""
         with self._lock:
             if self._closing:
                 return
