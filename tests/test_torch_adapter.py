@@ -401,8 +401,7 @@ def test_abandoned_dataloader_workers_exit(dirs, tokenizer_path):
     for _ in range(5):
         next(it)
     assert len(children()) >= base + 2  # the workers really were running
-    t0 = time.monotonic()
     del it
     gc.collect()
-    _wait_until(lambda: len(children()) <= base, 20, "the DataLoader's worker processes to exit")
-    assert time.monotonic() - t0 < 10
+    # a hang bound, not a speed check (torch joins its workers within seconds; a loaded CI machine is slower)
+    _wait_until(lambda: len(children()) <= base, 120, "the DataLoader's worker processes to exit")
