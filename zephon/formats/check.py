@@ -22,6 +22,7 @@ from typing import Callable
 
 from .base import BrokenShard, Dataset
 from .errors import DataError
+from .records import FieldError, field_text
 from .remote import RemoteError
 
 DEEP_BATCH = 256  # samples read per call in a deep check
@@ -114,15 +115,12 @@ FILE_CHECKS: dict[str, Callable[..., list]] = {"mds": _mds_file}
 def _field_error(reader, rep: ShardReport, i: int, record: dict, field: str | None) -> str | None:
     """The error a ``Decode(field)`` would raise for ``record`` (sample ``i``), naming file, shard, sample (and
     line for JSONL); None when the field is text (or no field is checked)."""
-    from ..ops.base import RecordError
-    from ..ops.basic import text_of
-
     if field is None:
         return None
     try:
-        text_of(record, field)
+        field_text(record, field)
         return None
-    except RecordError as e:
+    except FieldError as e:
         locate = getattr(reader, "locate", None)
         line = locate(i).get("line") if locate is not None else None
         return str(DataError(str(e), path=rep.path, shard=rep.shard, sample=i, line=line))

@@ -83,3 +83,45 @@ def first_piece(record: dict) -> PieceRef:
     if isinstance(src, list):
         return PieceRef(*(int(x) for x in src[0])) if src else PieceRef(-1, 0)
     return piece_ref(record)
+
+
+class FieldError(ValueError):
+    """A record has no field of that name, or the field is not text (``ops`` re-raises it as ``RecordError``, which
+    adds the sample's identity)."""
+
+
+def field_value(record: dict, name: str):
+    """Field ``name`` of a record: a top-level column (MDS, JSONL, Parquet), else an Energon ``field_map`` field
+    (``__fields__``), else an Energon tar part (``__parts__``).
+
+    record: a reader's record. name: the field.
+    Raises ``FieldError`` naming what the record holds (columns, field_map fields, parts) when none has it.
+    """
+    if name in record:
+        return record[name]
+    for inner in (FIELDS, PARTS):
+        sub = record.get(inner)
+        if isinstance(sub, dict) and name in sub:
+            return sub[name]
+    msg = f"missing field {name!r} (fields present: {sorted(k for k in record if not k.startswith('__'))}"
+    for inner, what in ((FIELDS, "field_map fields"), (PARTS, "parts")):
+        if isinstance(record.get(inner), dict):
+            msg += f"; {what}: {sorted(record[inner])}"
+    raise FieldError(msg + ")")
+
+
+def field_text(record: dict, name: str) -> str:
+    """Field ``name`` of ``record`` as text (``Decode``'s rule, also ``zephon inspect --deep``'s check).
+
+    record: a reader's record. name: a column, Energon field_map field or part (``field_value``).
+    Returns the str (bytes decoded as UTF-8). Raises ``FieldError`` when the field is missing, not text
+    (None included), or not valid UTF-8."""
+    v = field_value(record, name)
+    if isinstance(v, bytes):
+        try:
+            return v.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise FieldError(f"field {name!r} is not valid UTF-8: {e}") from None
+    if not isinstance(v, str):
+        raise FieldError(f"field {name!r} is {type(v).__name__}, expected text")
+    return v

@@ -11,27 +11,20 @@ sample, position), or a list of ``PieceRef`` (position, piece) for a row built f
 """
 from __future__ import annotations
 
+from ..formats import records
 from ..formats.records import SRC, Src
 
 
 def field_value(record: dict, name: str):
-    """Field ``name`` of a record: a top-level column (MDS, JSONL, Parquet), else an Energon ``field_map`` field
-    (``__fields__``), else an Energon tar part (``__parts__``).
+    """Field ``name`` of a record (``zephon.formats.records.field_value``'s lookup: column, field_map field, part).
 
     record: a reader's record. name: the field.
-    Raises ``RecordError`` naming what the record holds (columns, field_map fields, parts) when none has it.
+    Raises ``RecordError`` (with the record's identity) naming what the record holds when none has it.
     """
-    if name in record:
-        return record[name]
-    for inner in ("__fields__", "__parts__"):
-        sub = record.get(inner)
-        if isinstance(sub, dict) and name in sub:
-            return sub[name]
-    msg = f"missing field {name!r} (fields present: {sorted(k for k in record if not k.startswith('__'))}"
-    for inner, what in (("__fields__", "field_map fields"), ("__parts__", "parts")):
-        if isinstance(record.get(inner), dict):
-            msg += f"; {what}: {sorted(record[inner])}"
-    raise RecordError(msg + ")", record)
+    try:
+        return records.field_value(record, name)
+    except records.FieldError as e:
+        raise RecordError(str(e), record) from None
 
 
 class RecordError(ValueError):

@@ -1,7 +1,8 @@
 """Stateless record operators: decode (select a text field), map, filter."""
 from __future__ import annotations
 
-from .base import Operator, RecordError, field_value
+from ..formats.records import FieldError, field_text
+from .base import Operator, RecordError
 
 
 def _callable_name(fn) -> str:
@@ -9,20 +10,15 @@ def _callable_name(fn) -> str:
 
 
 def text_of(record: dict, field: str) -> str:
-    """Field ``field`` of ``record`` as text (``Decode``'s rule, also ``zephon inspect --deep``'s check).
+    """Field ``field`` of ``record`` as text (``zephon.formats.records.field_text``'s rule, as ``Decode`` applies it).
 
-    record: a reader's record. field: a column, Energon field_map field or part (``field_value``).
-    Returns the str (bytes decoded as UTF-8). Raises ``RecordError`` when the field is missing, not text
-    (None included), or not valid UTF-8."""
-    v = field_value(record, field)
-    if isinstance(v, bytes):
-        try:
-            return v.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise RecordError(f"field {field!r} is not valid UTF-8: {e}", record) from None
-    if not isinstance(v, str):
-        raise RecordError(f"field {field!r} is {type(v).__name__}, expected text", record)
-    return v
+    record: a reader's record. field: a column, Energon field_map field or part.
+    Returns the str. Raises ``RecordError`` (with the record's identity) when the field is missing, not text,
+    or not valid UTF-8."""
+    try:
+        return field_text(record, field)
+    except FieldError as e:
+        raise RecordError(str(e), record) from None
 
 
 class Decode(Operator):
