@@ -3,7 +3,7 @@
     python -m benchmarks --only stall [--quick] [--repeats 3] [--headroom 1.2] [--target NAME=RATE,...]
                                       [--matmul-ms 0] [--steps 16] [--warmup 8] [--lanes 64]
                                       [--configs inline,threads,processes,zephon_torch,zephon_streaming,zephon_energon]
-                                      [--tokenizer PATH] [--pipeline demo|vl]
+                                      [--tokenizer PATH] [--pipeline demo|vl] [--switch-interval S]
 
 Each configuration runs in a fresh subprocess, rounds interleaved (round r rotates the order by r). In it: the
 loader at the demo's settings (``zephon demo``: 64 lanes, chunk 256, Decode + Tokenize + Pack(2048, best_fit) +
@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 
 from .common import RssWatch, markdown_table, run_child
@@ -131,17 +132,19 @@ def _matmul(seconds: float, a) -> None:
 def run_loop(it, per_step: int, count, steps: int, target: float | None, matmul_s_per_unit: float = 0.0) -> dict:
     """Consume ``steps`` steps of ``per_step`` items; ``target`` (units/s, None: free-running) paces each step to
     ``units of the step / target`` seconds, ``matmul_s_per_unit`` x units of them in a matmul, the rest asleep.
-    Returns ``{"units", "wall_s", "wait_s", "max_wait_s"}`` (wait: seconds inside ``next()``)."""
+    Returns ``{"units", "wall_s", "wait_s", "max_wait_s", "next_cpu_s"}`` (wait: seconds inside ``next()``;
+    next_cpu: the loop thread's own CPU seconds in them, building micro-batches, the rest being waits)."""
     import numpy as np
 
     a = np.random.default_rng(0).random((256, 256))
     units = 0
-    wait = max_wait = 0.0
+    wait = max_wait = cpu = 0.0
     t0 = time.perf_counter()
     for _ in range(steps):
-        w0 = time.perf_counter()
+        w0, c0 = time.perf_counter(), time.thread_time()
         n = sum(count(next(it)) for _ in range(per_step))
         w = time.perf_counter() - w0
+        cpu += time.thread_time() - c0
         wait += w
         max_wait = max(max_wait, w)
         units += n
@@ -150,11 +153,14 @@ def run_loop(it, per_step: int, count, steps: int, target: float | None, matmul_
             mm = min(step_s, n * matmul_s_per_unit)
             _matmul(mm, a)
             time.sleep(max(0.0, step_s - mm))
-    return {"units": units, "wall_s": time.perf_counter() - t0, "wait_s": wait, "max_wait_s": max_wait}
+    return {"units": units, "wall_s": time.perf_counter() - t0, "wait_s": wait, "max_wait_s": max_wait,
+            "next_cpu_s": cpu}
 
 
 def child_run(cfg) -> dict:
     """One configuration: warm-up, probe, paced loop (see the module docstring)."""
+    if cfg.get("switch_interval"):  # the training process's own setting (sys.setswitchinterval), as a user sets it
+        sys.setswitchinterval(cfg["switch_interval"])
     with RssWatch() as watch:
         t0 = time.perf_counter()
         it, per_step, count, unit = _iterator(cfg)
@@ -179,7 +185,8 @@ def child_run(cfg) -> dict:
         loop = run_loop(it, per_step, count, cfg["steps"], target, per_unit)
     return {"unit": unit, "per_step": per_step, "startup_s": startup, "loader_rate": rate, "target": target,
             "step_ms": 1000 * (loop["units"] / cfg["steps"]) / target, **loop,
-            "stall": loop["wait_s"] / loop["wall_s"], "load": os.getloadavg()[0], **watch.result()}
+            "stall": loop["wait_s"] / loop["wall_s"],
+            "next_cpu": loop["next_cpu_s"] / loop["wall_s"], "load": os.getloadavg()[0], **watch.result()}
 
 
 def table(results: dict) -> str:
@@ -188,7 +195,7 @@ def table(results: dict) -> str:
     for name, runs in results.items():
         rs = [r for r in runs if r and "error" not in r]
         if not rs:
-            rows.append([name, "failed: " + str((runs[0] or {}).get("error", ""))[:60]] + ["-"] * 6)
+            rows.append([name, "failed: " + str((runs[0] or {}).get("error", ""))[:60]] + ["-"] * 7)
             continue
 
         def mm(key, scale=1.0, spec=".2f"):
@@ -198,11 +205,13 @@ def table(results: dict) -> str:
         u += rs[0]["unit"]
         rows.append([name, f"{mm('loader_rate', k, '.0f')}{u}/s", f"{mm('target', k, '.0f')}{u}/s",
                      f"{rs[0]['per_step']} x, {statistics.median(r['step_ms'] for r in rs):.0f} ms",
-                     mm("stall", 100, ".1f") + " %", f"{statistics.median(r['max_wait_s'] for r in rs) * 1e3:.0f}",
+                     mm("stall", 100, ".1f") + " %", f"{100 * statistics.median(r['next_cpu'] for r in rs):.1f} %",
+                     f"{statistics.median(r['max_wait_s'] for r in rs) * 1e3:.0f}",
                      f"{statistics.median(r['startup_s'] for r in rs):.1f}",
                      " ".join(f"{r['load']:.1f}" for r in rs)])
     return markdown_table(["configuration<", "loader rate median (min-max)", "target", "items per step, step time",
-                           "stall median (min-max)", "longest wait ms", "start-up s", "load per round"], rows)
+                           "stall median (min-max)", "of it next()'s own CPU", "longest wait ms",
+                           "start-up s", "load per round"], rows)
 
 
 def main(argv=None) -> int:
@@ -221,6 +230,8 @@ def main(argv=None) -> int:
                     "_inline/_threads: a configuration and its variants share it; default: probe rate / headroom)")
     ap.add_argument("--matmul-ms", type=float, default=0.0, help="CPU matmul per step, ms (1 BLAS thread)")
     ap.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the demo's 8192-token BPE)")
+    ap.add_argument("--switch-interval", type=float, default=None,
+                    help="sys.setswitchinterval in each child, seconds (default: Python's 0.005)")
     ap.add_argument("--pipeline", choices=("demo", "vl"), default="demo",
                     help="demo: text (the default); vl: images + captions, configs from " + ",".join(VL_CONFIGS))
     args = ap.parse_args(argv)
@@ -236,12 +247,14 @@ def main(argv=None) -> int:
     cfg = {"manifest": m, "data": m["jsonl"], "tokenizer": args.tokenizer or m["tokenizer"],
            "steps": args.steps or (4 if args.quick else 16), "warmup": args.warmup or (1 if args.quick else 8),
            "targets": {k: float(v) for k, v in (t.split("=") for t in args.target.split(",") if t)},
-           "headroom": args.headroom, "lanes": args.lanes, "matmul_ms": args.matmul_ms, "pipeline": args.pipeline,
+           "headroom": args.headroom, "lanes": args.lanes, "switch_interval": args.switch_interval,
+           "matmul_ms": args.matmul_ms, "pipeline": args.pipeline,
            "vl": prepare_vl(args.workdir, args.quick) if args.pipeline == "vl" else None}
     repeats = args.repeats or (1 if args.quick else 3)
     print(f"# stall: {configs}, {args.lanes} lanes, steps={cfg['steps']} (+{cfg['warmup']} warm-up), "
           f"{args.pipeline} pipeline, headroom {args.headroom}, "
-          f"matmul {args.matmul_ms} ms/step, tokenizer {os.path.basename(cfg['tokenizer'])}, {repeats} rounds, "
+          f"matmul {args.matmul_ms} ms/step, switch interval {args.switch_interval or sys.getswitchinterval()} s, "
+          f"tokenizer {os.path.basename(cfg['tokenizer'])}, {repeats} rounds, "
           f"nproc={os.cpu_count()}, load {os.getloadavg()[0]:.2f}", flush=True)
     results = {c: [] for c in configs}
     env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # a 1-core matmul

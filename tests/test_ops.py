@@ -653,6 +653,26 @@ def test_collate_stacks_equal_shapes_and_lists_ragged():
     assert single["a"].shape == (1, 3)
 
 
+def test_collate_arrays_are_writable_and_never_shared_with_a_shared_block():
+    """A one-row micro-batch takes its row's own array without a copy (the row is freed once delivered); a view into
+    a shared block (the processes transport's stacked column) or read-only memory is copied, so writing into a
+    micro-batch never changes another one or the block."""
+    own = np.arange(4, dtype=np.int32)
+    got = collate([{"a": own}])["a"]
+    assert got.shape == (1, 4) and got.flags.writeable and np.shares_memory(got, own)
+    block = np.arange(8, dtype=np.int32).reshape(2, 4)  # two rows' arrays in one block
+    first = collate([{"a": block[0]}])["a"]
+    first[0, 0] = 99
+    assert block.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]] and not np.shares_memory(first, block)
+    frozen = np.arange(3)
+    frozen.flags.writeable = False
+    thawed = collate([{"a": frozen}])["a"]
+    assert thawed.flags.writeable and not np.shares_memory(thawed, frozen)
+    two = collate([{"a": own}, {"a": own}])["a"]  # several rows: always a new array
+    two[0, 0] = -1
+    assert own[0] == 0 and two[1, 0] == 0
+
+
 # ---------------------------------------------------------------- token_corrected_weights
 
 

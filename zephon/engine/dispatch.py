@@ -4,9 +4,11 @@ A ``Loader`` on the ``threads`` or ``processes`` runner starts one ``Dispatcher`
 finishes (a ``Future`` callback) or the consumer takes a micro-batch, the dispatcher thread wakes, releases the
 finished units of every lane in sequence order into their accumulators (``LanePipeline.release``) and submits the
 next units, least-stocked lane first, while the runner has free workers and a lane is below its read-ahead bound.
-The consumer (``Loader.ensure``) only waits for rows. Both sides hold the Loader's lock while they touch a lane, so
-the lane pipelines never see two threads at once. Dispatch order never changes the output (per-lane sequence
-numbers); it changes only when rows are ready.
+The consumer (``Loader.ensure``) only waits for rows. The accumulators (packing, shuffling) and the dispatch
+(computing chunks, submitting units) run on the dispatcher thread outside the Loader's lock, since only that thread
+touches them; a lane's new rows, sealed spans and end are published holding it, and the consumer holds it while it
+takes rows, so it never waits for a lane's packing or a chunk's computation, only for its rows. Dispatch order never
+changes the output (per-lane sequence numbers); it changes only when rows are ready.
 
 Read-ahead bound (memory): a lane gets a new unit only while the rows it holds plus those its units in flight should
 give are fewer than ``read_ahead_steps`` lane steps plus the rows of its next unit; so a lane holds at most about
@@ -20,13 +22,15 @@ from __future__ import annotations
 
 import logging
 import threading
+from contextlib import contextmanager
 
 log = logging.getLogger("zephon")
 
 # How long the dispatcher sleeps when nothing wakes it (it is woken by every finished unit and every micro-batch taken,
 # so this only bounds how late it notices a stop it was not told about).
 IDLE_S = 1.0
-# How long close() waits for the dispatcher thread to leave (it only ever waits on the lock or its wake event).
+# How long close() waits for the dispatcher thread to leave (it finishes the unit it is absorbing or the chunk it is
+# computing, then checks; it never waits on the lock past a stop).
 JOIN_S = 60.0
 
 
@@ -66,6 +70,10 @@ def _fill(lanes: dict, order: list[int], runner, priority: int, need: float, thr
             break
 
 
+class _Stopped(Exception):
+    """The dispatcher was stopped while it waited for the loader's lock."""
+
+
 class _Notifying:
     """A runner whose futures wake the dispatcher when they finish (what ``LanePipeline.dispatch`` submits to)."""
 
@@ -90,8 +98,8 @@ class Dispatcher:
             abandoned Loader is still collected).
         order: the owned lanes in tail order (ties in stock go to the earliest).
         runner: the ``Runner`` (``threads`` or ``processes``).
-        lock: the Loader's ``threading.Condition`` (over an ``RLock``): held while a lane is touched; notified when
-            rows arrive.
+        lock: the Loader's ``threading.Condition`` (over an ``RLock``): held while what the consumer reads of a lane
+            changes; notified when rows arrive.
         ahead_rows: the read-ahead bound in rows per lane (``read_ahead_steps`` x rows per lane step), to which the
             rows of a lane's next unit are added.
     Errors of a lane (bad data, a dead worker) are kept per lane and raised to the consumer by ``wait_rows`` when
@@ -147,31 +155,48 @@ class Dispatcher:
             while not self.stopped:
                 self.wake.wait(IDLE_S)
                 self.wake.clear()
-                # A timeout, not a plain acquire: whoever stops us may hold the lock while it waits for us to leave.
-                if not self.lock.acquire(timeout=0.05):
-                    self.wake.set()
-                    continue
-                try:
-                    if not self.stopped and self._step():
-                        self.lock.notify_all()
-                finally:
-                    self.lock.release()
+                # Neither holds the lock: the accumulators and the dispatch state are this thread's alone; what the
+                # consumer reads (rows, sealed spans, ``finished``, errors) is published holding it (``_publish``).
+                self._release()
+                if not self.stopped:
+                    self._dispatch()
+        except _Stopped:
+            pass
         except BaseException as e:  # a bug of ours: the consumer must hear of it, not wait forever
             self.crashed = e
             with self.lock:
                 self.lock.notify_all()
 
-    def _step(self) -> bool:
-        """Absorb what finished, then hand out work. Returns whether any lane released something."""
-        released = False
+    @contextmanager
+    def _publish(self):
+        """The loader's lock, held while a lane changes what the consumer reads; the consumer is notified after.
+        Raises ``_Stopped`` when the dispatcher is stopped while it waits (whoever stops it may hold the lock)."""
+        while not self.lock.acquire(timeout=0.05):
+            if self.stopped:
+                raise _Stopped
+        try:
+            yield
+            self.lock.notify_all()
+        finally:
+            self.lock.release()
+
+    def _release(self) -> None:
+        """Absorb what finished, lane by lane in tail order; a lane's error is kept for the consumer."""
         for lane in self.order:
             st = self.lanes[lane]
-            if lane not in self.errors and not st.finished:
+            if lane not in self.errors and not st.finished and not self.stopped:
                 try:
-                    released |= st.release(block=False)
+                    st.release(block=False, guard=self._publish)
+                except _Stopped:
+                    raise
                 except Exception as e:  # raised to the consumer when it needs this lane's next rows
-                    self.errors[lane] = e
-                    released = True
+                    with self._publish():
+                        self.errors[lane] = e
+
+    def _dispatch(self) -> None:
+        """Hand out work: the lane the consumer waits on first, then the neediest lanes. Without the lock: it reads
+        of the consumer's state only ``want`` (one reference) and the lengths of row buffers (which only shrink
+        meanwhile: a lane then gets its unit a wake-up later)."""
         busy = sum(s.running() for s in self.lanes.values())
         if self.want is not None:  # the lane the consumer waits on first, as far as it needs
             lane, need = self.want
@@ -189,7 +214,6 @@ class Dispatcher:
                 break
             st.dispatch(self.runner)
             busy += 1
-        return released
 
     def _neediest(self):
         """The lane with the fewest expected rows among those below their read-ahead bound (the first in tail order

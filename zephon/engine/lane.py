@@ -1,5 +1,6 @@
 """One lane's serial side: dispatch order, sequence reordering, accumulators, flush sentinels, the
-row buffer and the replay cursor. All of it runs on the pump thread.
+row buffer and the replay cursor. Dispatch and release run on one thread (the dispatcher's, or the consumer's for
+``inline``); the consumer takes rows and reads the cursor (``release``'s guard says what they share).
 
 A flush span is the stretch between two flush sentinels: a sentinel follows every ``span`` pointers of
 the lane (``flush_every_k_chunks * chunk_size``, possibly a fraction of a chunk), and every accumulator
@@ -12,6 +13,7 @@ the rows already delivered.
 from __future__ import annotations
 
 from collections import deque
+from contextlib import nullcontext
 from time import perf_counter
 from itertools import islice
 
@@ -176,12 +178,18 @@ class LanePipeline:
         self.seq_dispatch += 1
 
     # -- release (sequence reorder) ---------------------------------------------------------------
-    def release(self, block: bool) -> bool:
+    def release(self, block: bool, guard=nullcontext) -> bool:
         """Release results in sequence order into the accumulators. With ``block``, wait for the next
-        one. Returns whether anything was released. Raises ``DataError`` for bad data."""
+        one. Returns whether anything was released. Raises ``DataError`` for bad data.
+
+        guard: a callable giving the context in which what the consumer reads changes (the row buffer, sealed
+        spans, carried records, ``finished``); the accumulators run outside it. The dispatcher passes the loader's
+        lock, so the consumer never waits while a lane packs (only the dispatcher thread releases: everything else
+        here is its own)."""
         released = False
         while self.seq_release in self.pending:
             item = self.pending[self.seq_release]
+            rows = None
             if isinstance(item, Carried):
                 if not item.done() and not (block and not released):
                     break
@@ -189,28 +197,32 @@ class LanePipeline:
             elif item not in (SENTINEL, END):
                 if not item.done() and not (block and not released):
                     break
-                res = item.result()
-                self._absorb(res)
+                rows = self._absorb(item.result())
                 self.pointers_released += self.unit_pointers.pop(self.seq_release)
             del self.pending[self.seq_release]
             self.seq_release += 1
             released = True
             if item is SENTINEL or item is END:
                 rows, carried = self._run_chain([], flush=True, carry=item is SENTINEL)
-                self._emit(rows)
-                self.sealed_rows[self.span_index] = self.produced
-                self.span_index += 1
-                self.produced = 0
-                if carried:
-                    self.carried[self.span_index] = carried
+                with guard():
+                    self._emit(rows)
+                    self.sealed_rows[self.span_index] = self.produced
+                    self.span_index += 1
+                    self.produced = 0
+                    if carried:
+                        self.carried[self.span_index] = carried
+                    self.finished = item is END
                 if item is END:
-                    self.finished = True
                     self.pending.clear()
                     self.unit_pointers.clear()
                     break
+            elif rows:
+                with guard():
+                    self._emit(rows)
         return released
 
-    def _absorb(self, res) -> None:
+    def _absorb(self, res) -> list:
+        """A unit's result through the accumulators: its counts added, its rows returned (not yet emitted)."""
         if res.error is not None:
             raise res.error
         self.skipped += res.skipped
@@ -222,13 +234,14 @@ class LanePipeline:
         if self.metrics is not None:
             self.metrics.add_unit(res)
         self.dry += sum(res.seen.values())
-        self._emit(self._push_chain(res.records))
-        if self.dry_limit is not None and self.dry > self.dry_limit:
+        rows = self._push_chain(res.records)
+        if not rows and self.dry_limit is not None and self.dry > self.dry_limit:
             raise DataError(f"lane {self.lane} produced no row from the last {self.dry} samples it read (more than "
                             f"a whole pass of the data, {self.dry_limit}): every sample is skipped ({self.skipped}) "
                             f"or filtered ({self.filtered}) on the way; first errors: "
                             f"{'; '.join(self.skipped_messages[:3]) or 'none'}. Check the filters, on_error and "
                             f"the field names")
+        return rows
 
     def _push_chain(self, records: list) -> list:
         return self._run_chain(records, flush=False)[0]

@@ -19,6 +19,8 @@ from ..formats.records import DOC_OFFSETS, PIECE, SRC
 from ..formats.remote import stats as remote_stats
 from ..ops.group import GROUP_ROWS
 
+# packed pieces gathered before they are counted (a few hundred best-fit micro-batches; snapshot counts the rest)
+PACKED_BATCH = 8192
 #: ``metrics()["remote"]``: object-storage counts (``formats.remote.stats``) since the loader was built
 REMOTE_KEYS = ("downloads", "downloaded_bytes", "range_reads", "range_bytes", "cache_hits", "cache_misses", "retries")
 
@@ -35,6 +37,8 @@ class MetricsCounter:
         self.started = time.perf_counter()
         self.samples = np.zeros(num_datasets, np.int64)  # documents whose first token was delivered, per dataset
         self.tokens = np.zeros(num_datasets, np.int64)   # tokens delivered, per dataset
+        # packed rows' pieces not yet in samples/tokens (counted in batches of PACKED_BATCH, and by snapshot)
+        self._packed, self._packed_source = _Packed(), None
         self.units = 0
         self.stage_s: dict[str, float] = {}  # seconds per stage: read, each worker operator, each pump operator
         self.worker_s = 0.0                  # seconds workers spent on units (all stages)
@@ -70,24 +74,34 @@ class MetricsCounter:
         single, packed = [], _Packed()
         for row in rows:
             _pieces(row, single, packed)
-        if packed.positions:  # one mixture lookup and two bincounts for all the micro-batch's packed pieces
-            n = len(self.samples)
-            ds = source.dataset_ids(np.asarray(packed.positions, dtype=np.int64))
-            firsts = (np.asarray(packed.pieces) == 0) & (np.asarray(packed.offsets) == 0)
-            add_s = np.bincount(ds, weights=firsts, minlength=n).astype(np.int64)
-            add_t = np.bincount(ds, weights=np.concatenate(packed.tokens), minlength=n).astype(np.int64)
         with self._lock:
             for d, first, k in single:
                 self.samples[d] += first
                 self.tokens[d] += k
             if packed.positions:
-                self.samples += add_s
-                self.tokens += add_t
+                if self._packed_source is not source:
+                    self._count_packed()
+                self._packed_source = source
+                self._packed.extend(packed)
+                if len(self._packed.positions) >= PACKED_BATCH:
+                    self._count_packed()
             self.micro_batches += 1
             self.rows += n_real
             self.padding_rows += n_pad
             self.row_tokens += tokens
             self.row_slots += n_real * width
+
+    def _count_packed(self) -> None:
+        """Add the pieces of packed rows gathered so far to the per-dataset counts: one mixture lookup and two
+        bincounts for all of them (per micro-batch, those were most of the consumer's cost). Holding ``_lock``."""
+        packed, self._packed = self._packed, _Packed()
+        if not packed.positions:
+            return
+        n = len(self.samples)
+        ds = self._packed_source.dataset_ids(np.asarray(packed.positions, dtype=np.int64))
+        firsts = (np.asarray(packed.pieces) == 0) & (np.asarray(packed.offsets) == 0)
+        self.samples += np.bincount(ds, weights=firsts, minlength=n).astype(np.int64)
+        self.tokens += np.bincount(ds, weights=np.concatenate(packed.tokens), minlength=n).astype(np.int64)
 
     def add_wait(self, seconds: float) -> None:
         with self._lock:
@@ -96,6 +110,7 @@ class MetricsCounter:
     def snapshot(self, *, names: list[str], target: list[float], workers: int, skipped: int, filtered: int) -> dict:
         """The metrics as plain data (see ``Loader.metrics``)."""
         with self._lock:
+            self._count_packed()
             elapsed = max(time.perf_counter() - self.started, 1e-9)
             total_s, total_t = int(self.samples.sum()), int(self.tokens.sum())
             datasets = {name: {"samples": int(self.samples[d]), "tokens": int(self.tokens[d]),
@@ -123,11 +138,17 @@ class MetricsCounter:
 
 
 class _Packed:
-    """The pieces of a micro-batch's combined rows, as parallel lists: stream positions, piece numbers, offsets in
-    their documents (0: from its first token), and per row an array of the pieces' tokens."""
+    """The pieces of combined rows, as parallel lists: stream positions, piece numbers, offsets in their documents
+    (0: from its first token), and per row an array of the pieces' tokens."""
 
     def __init__(self):
         self.positions, self.pieces, self.offsets, self.tokens = [], [], [], []
+
+    def extend(self, other: _Packed) -> None:
+        self.positions += other.positions
+        self.pieces += other.pieces
+        self.offsets += other.offsets
+        self.tokens += other.tokens
 
 
 def _pieces(row: dict, single: list, packed: _Packed) -> None:

@@ -84,7 +84,7 @@ class Tail:
         # Step order even after a ragged (mid-step, per-rank) checkpoint: lanes behind go first.
         cursors = {lane: L.lane(lane).lane_cursor() for lane in candidates}
         step = ckpt.first_step(cursors.values(), rps)
-        offset, ready, short = {}, [], False
+        offset, ready, short, owed = {}, [], False, False
         for lane in candidates:
             st = L.lane(lane)
             if cursors[lane].step(rps) != step:
@@ -93,15 +93,22 @@ class Tail:
             if not L.plan.finite:  # an endless lane never ends: its rows are worked for as its micro-batch comes
                 ready.append(lane)
                 continue
-            L.ensure(lane, rps - offset[lane])
-            if len(st.rows) >= rps - offset[lane] or pad or (st.rows and not drop_last):
+            if pad:  # every lane fills the step; it is owed unless all ran out at its start: one live lane says no
+                if not owed:
+                    L.ensure(lane, 1)
+                    owed = offset[lane] > 0 or not _spent(st)
+                ready.append(lane)
+                continue
+            # drop_last must know the step is whole before it yields any of it; without, one row makes a lane ready
+            L.ensure(lane, rps - offset[lane] if drop_last else 1)
+            if len(st.rows) >= rps - offset[lane] or (st.rows and not drop_last):
                 ready.append(lane)
             else:  # this lane ended inside the step (only matters with drop_last)
                 short = True
         if short and drop_last:
             self.drop_rest()  # a finite stream's last, incomplete step: this rank stops here
             return None
-        if pad and all(offset[lane] == 0 and _spent(L.lane(lane)) for lane in ready):
+        if pad and not owed:
             return None  # every lane ran out at a step boundary (a restore after the pass's end): nothing owed
         return step, ready, offset
 
@@ -159,6 +166,10 @@ class Tail:
         when the loader has delivered no row to copy the shape from."""
         L = self.loader
         if self.template is None:
+            for lane in L.lanes:  # a row to copy the shape from: the first lane that has one (a step asks one lane)
+                L.ensure(lane, 1)
+                if L.lane(lane).rows:
+                    break
             buffered = [without_offsets([st.rows[0][1]])[0] for st in L.lane_pipelines() if st.rows]  # (span, row, ...)
             self.template = buffered[0] if buffered else empty_row(L.chain_ops)
         if self.template is None:
