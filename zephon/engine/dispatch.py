@@ -42,8 +42,11 @@ def work_inline(lanes: dict, order: list[int], runner, priority: int, need: floa
     works toward (a step count times the rows per lane step). Raises the lanes' errors (``DataError``...)."""
     st = lanes[priority]
     while len(st.rows) < need and not st.finished:
+        if st.error is not None:  # kept when another lane's work released it: its rows stop here
+            raise st.error
         _fill(lanes, order, runner, priority, need, through)
-        st.release(block=True)
+        if len(st.rows) < need and not st.finished:
+            _release_keeping_error(st, block=True)  # a failing unit's predecessors may still cover ``need``
 
 
 def _fill(lanes: dict, order: list[int], runner, priority: int, need: float, through: int) -> None:
@@ -52,7 +55,7 @@ def _fill(lanes: dict, order: list[int], runner, priority: int, need: float, thr
     ``cursor[3]``), while the runner has free workers (only unfinished units count). Finished units of every lane
     are absorbed first, so estimates are fresh. Arguments as ``work_inline``'s."""
     for s in lanes.values():
-        s.release(block=False)
+        _release_keeping_error(s, block=False)
     st = lanes[priority]
     if not st.pending and st.can_dispatch() and st.expected_rows() < need:
         st.dispatch(runner)
@@ -63,11 +66,24 @@ def _fill(lanes: dict, order: list[int], runner, priority: int, need: float, thr
     i = order.index(priority)
     for lane in order[i + 1:] + order[:i]:
         s = lanes[lane]
-        while busy < runner.capacity and s.can_dispatch() and s.expected_rows() < through - s.cursor[3]:
+        while (busy < runner.capacity and s.error is None and s.can_dispatch()
+               and s.expected_rows() < through - s.cursor[3]):
             s.dispatch(runner)
             busy += 1
         if busy >= runner.capacity:
             break
+
+
+def _release_keeping_error(st, block: bool) -> None:
+    """``st.release`` for a lane whose rows are not needed now: its error (bad data, a dead worker) is kept in
+    ``st.error`` and raised when the consumer needs that lane's rows past those made before it, so an error surfaces
+    at the same place whatever the runner and its timing."""
+    if st.error is not None or st.finished:
+        return
+    try:
+        st.release(block=block)
+    except Exception as e:
+        st.error = e
 
 
 class _Stopped(Exception):
@@ -110,7 +126,6 @@ class Dispatcher:
         self.lanes, self.order, self.lock, self.ahead_rows = lanes, order, lock, ahead_rows
         self.wake = threading.Event()
         self.runner = _Notifying(runner, self.wake)
-        self.errors: dict[int, BaseException] = {}
         self.crashed: BaseException | None = None
         self.want: tuple[int, float] | None = None  # (lane, rows) the consumer waits for
         self.stopped = False
@@ -125,8 +140,8 @@ class Dispatcher:
         while len(st.rows) < n and not st.finished:
             if self.crashed is not None:
                 raise self.crashed
-            if lane in self.errors:
-                raise self.errors[lane]
+            if st.error is not None:
+                raise st.error
             if self.stopped or not self.thread.is_alive():
                 raise RuntimeError(f"lane {lane}: the loader's dispatcher thread stopped while the consumer waited "
                                    f"for {n} rows (the loader was closed from another thread?)")
@@ -184,14 +199,14 @@ class Dispatcher:
         """Absorb what finished, lane by lane in tail order; a lane's error is kept for the consumer."""
         for lane in self.order:
             st = self.lanes[lane]
-            if lane not in self.errors and not st.finished and not self.stopped:
+            if st.error is None and not st.finished and not self.stopped:
                 try:
                     st.release(block=False, guard=self._publish)
                 except _Stopped:
                     raise
                 except Exception as e:  # raised to the consumer when it needs this lane's next rows
                     with self._publish():
-                        self.errors[lane] = e
+                        st.error = e
 
     def _dispatch(self) -> None:
         """Hand out work: the lane the consumer waits on first, then the neediest lanes. Without the lock: it reads
@@ -201,7 +216,7 @@ class Dispatcher:
         if self.want is not None:  # the lane the consumer waits on first, as far as it needs
             lane, need = self.want
             st = self.lanes[lane]
-            if lane not in self.errors:
+            if st.error is None:
                 if not st.pending and st.can_dispatch() and st.expected_rows() < need:
                     st.dispatch(self.runner)  # even past capacity: the consumer waits on nothing else
                     busy += 1
@@ -221,7 +236,7 @@ class Dispatcher:
         best, best_rows = None, None
         for lane in self.order:
             st = self.lanes[lane]
-            if lane in self.errors or not st.can_dispatch():
+            if st.error is not None or not st.can_dispatch():
                 continue
             rows = st.expected_rows()
             if rows < self.ahead_rows + _unit_rows(st) and (best is None or rows < best_rows):

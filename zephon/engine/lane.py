@@ -91,6 +91,7 @@ class LanePipeline:
         self.seq_release = 0
         self.pending: dict[int, object] = {}  # seq -> Future | SENTINEL | END
         self.finished = False    # END released: no more rows will come
+        self.error = None        # what release raised (bad data, a dead worker): raised where the rows stop
         self.unit_pointers: dict[int, int] = {}  # seq -> pointers of a unit in flight
         self.pointers_released = 0  # for the rows-per-pointer estimate that paces dispatch
         self.total_produced = 0

@@ -166,7 +166,8 @@ class Loader:
         self._runner_iteration = 0  # the iteration (generation) whose end stops that runner
         self._state: dict[int, LanePipeline] = {}
         self._pending: dict | None = None
-        self._generation = 0  # bumped by iter() and restore(): an older iterator must stop
+        self._generation = 0  # bumped by iter(), restore() and close(): an older iterator must stop
+        self._superseded_by = "iter()"  # which of them bumped it last (the stopped iterator's message)
         self.tail = Tail(self)
         self._metrics = MetricsCounter(len(plan.datasets))
         self._skips = (0, 0)  # skipped and filtered by the lanes of iterations before the current one
@@ -232,6 +233,7 @@ class Loader:
             self._pending = {lane: by_lane[lane] for lane in self.lanes}
             self.tail.handed = None  # the restored state replaces what was delivered
             self._generation += 1
+            self._superseded_by = "restore()"
 
     def explain(self, steps, state: dict | None = None, text_field: str | None = None) -> dict:
         """Every row of the global batches of ``steps`` (a step or a range): lane, micro-batch, and each source
@@ -302,12 +304,19 @@ class Loader:
             return
         self._start()
         self._generation += 1
+        self._superseded_by = "iter()"
         self._runner_iteration = generation = self._generation
         try:
             yield from self.tail.steps(generation)
+        except Exception as e:
+            if self._generation != generation:  # closed, restored or iterated anew meanwhile (another thread)
+                raise RuntimeError(self._superseded_message()) from e
+            raise
         finally:
             if self._runner_iteration == generation:
-                self.close()
+                # The iteration's own end (exhausted, raised, Ctrl-C, abandoned) never waits for units in flight: a
+                # worker stuck in a slow read must not hold the exception back. An explicit close() waits.
+                self._close(wait=False)
 
     # -- what the tail multiplexer (engine/tail.py) reads of the lanes --------------------------------
     def lane(self, lane: int) -> LanePipeline:
@@ -322,8 +331,14 @@ class Loader:
         """Raise ``RuntimeError`` when the iteration ``generation`` was superseded by a newer ``iter()`` or
         ``restore()``."""
         if generation != self._generation:
-            raise RuntimeError("this iterator was superseded by a newer iter() or restore() on the same Loader; "
-                               "iterate the newest one")
+            raise RuntimeError(self._superseded_message())
+
+    def _superseded_message(self) -> str:
+        if self._superseded_by == "close()":
+            return ("this iterator ended: Loader.close() was called; a new iter() on the same Loader continues where "
+                    "it stopped")
+        return ("this iterator was superseded by a newer iter() or restore() on the same Loader; iterate the newest "
+                "one")
 
     @property
     def dropped_rows(self) -> int:
@@ -382,10 +397,16 @@ class Loader:
     def close(self) -> None:
         """Stop worker threads/processes this loader started (a shared runner is left running). An iteration
         also stops them when it ends; ``with Loader(...) as loader:`` calls this on leaving the block."""
+        self._close(wait=True)
+
+    def _close(self, wait: bool) -> None:
+        if self._runner_iteration == self._generation:
+            self._generation += 1  # the open iterator ends at its next micro-batch, saying why
+            self._superseded_by = "close()"
         self._stop_dispatcher()
         if self._runner is not None and self._owns_runner:
-            self._stop_runner.detach()  # the finalizer is then dead; an explicit close waits for the workers
-            self._runner.close()
+            self._stop_runner.detach()  # the finalizer is then dead
+            self._runner.close(wait)
             self._runner = None
 
     def __enter__(self):

@@ -62,6 +62,7 @@ class Tail:
         while True:
             chosen = self._next_step(pad)
             if chosen is None:
+                self._check_delivered()
                 return
             step, ready, offset = chosen
             for j in range(plan.rows_per_lane_step // plan.micro_batch_size):
@@ -111,6 +112,22 @@ class Tail:
         if pad and not owed:
             return None  # every lane ran out at a step boundary (a restore after the pass's end): nothing owed
         return step, ready, offset
+
+    def _check_delivered(self) -> None:
+        """At the end of a finite pass: raise ``DataError`` when no owned lane ever delivered a row (restored counts
+        included) although the lanes read samples, so every one was skipped or filtered on the way (a lane that
+        yields nothing is an error, as in an endless stream; silence would end training with no data). Only where
+        this loader owns the whole pass (dp_degree 1): one rank of several cannot tell, and one whose lanes are all
+        filtered out pads the steps the others go on with (``host.StepAgreement``)."""
+        sts = self.loader.lane_pipelines()
+        if self.loader.plan.dp_degree > 1 or any(st.delivered_rows for st in sts):
+            return
+        skipped, filtered = sum(st.skipped for st in sts), sum(st.filtered for st in sts)
+        if skipped or filtered:
+            first = [m for st in sts for m in st.skipped_messages][:3]
+            raise DataError(f"this finite pass delivered nothing on lanes {self.loader.lanes}: every sample they read "
+                            f"was skipped ({skipped}) or filtered ({filtered}) on the way; first errors: "
+                            f"{'; '.join(first) or 'none'}. Check the filters, on_error and the field names")
 
     def _active(self, pad: bool) -> list[int]:
         """Owned lanes with rows still to deliver (with padding: also a lane that ran out mid-step, which still
