@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 log = logging.getLogger("zephon")
 
@@ -74,16 +74,20 @@ def _fill(lanes: dict, order: list[int], runner, priority: int, need: float, thr
             break
 
 
-def _release_keeping_error(st, block: bool) -> None:
-    """``st.release`` for a lane whose rows are not needed now: its error (bad data, a dead worker) is kept in
-    ``st.error`` and raised when the consumer needs that lane's rows past those made before it, so an error surfaces
-    at the same place whatever the runner and its timing."""
+def _release_keeping_error(st, block: bool, guard=nullcontext) -> None:
+    """``st.release`` (with ``guard``, see ``LanePipeline.release``) for a lane whose rows may not be needed yet: its
+    error (bad data, a dead worker) is kept in ``st.error``, set under ``guard``, and raised when the consumer needs
+    that lane's rows past those made before it, so an error surfaces at the same place whatever the runner and its
+    timing. ``_Stopped`` passes through."""
     if st.error is not None or st.finished:
         return
     try:
-        st.release(block=block)
+        st.release(block=block, guard=guard)
+    except _Stopped:
+        raise
     except Exception as e:
-        st.error = e
+        with guard():
+            st.error = e
 
 
 class _Stopped(Exception):
@@ -198,15 +202,9 @@ class Dispatcher:
     def _release(self) -> None:
         """Absorb what finished, lane by lane in tail order; a lane's error is kept for the consumer."""
         for lane in self.order:
-            st = self.lanes[lane]
-            if st.error is None and not st.finished and not self.stopped:
-                try:
-                    st.release(block=False, guard=self._publish)
-                except _Stopped:
-                    raise
-                except Exception as e:  # raised to the consumer when it needs this lane's next rows
-                    with self._publish():
-                        st.error = e
+            if self.stopped:
+                return
+            _release_keeping_error(self.lanes[lane], block=False, guard=self._publish)
 
     def _dispatch(self) -> None:
         """Hand out work: the lane the consumer waits on first, then the neediest lanes. Without the lock: it reads
