@@ -17,10 +17,11 @@ from ..checkpoint.skips import stream_ranges
 from .accounting import dry_limit, loader_metrics, loader_stats, new_ledger
 from .dispatch import Dispatcher, work_inline
 from .explain import explain
+from .generations import Generations
 from .lane import LanePipeline
 from .metrics import MetricsCounter
 from .plan import LoaderPlan
-from .runners import RUNNERS, Runner, check_main_guarded, make_runner
+from .runners import Runner, check_runner, make_runner
 from .sharing import shared_micro_batches
 from .stage import DEFAULT_MAX_SKIP_FRACTION
 from .tail import Tail
@@ -141,24 +142,14 @@ class Loader:
         if not isinstance(read_ahead_steps, int) or read_ahead_steps < 1:
             raise ValueError(f"read_ahead_steps must be an int >= 1, got {read_ahead_steps!r}")
         self.read_ahead_steps = read_ahead_steps
-        # Held by whoever touches a lane pipeline: the consumer (each next(), checkpoint(), stats()) and the
-        # dispatcher thread; notified when rows arrive.
+        # Held by the consumer while it reads or takes a lane's rows (each next(), checkpoint(), stats()) and by the
+        # dispatcher thread while it publishes them (engine.dispatch); notified when rows arrive.
         self._lock = threading.Condition(threading.RLock())
         self._dispatcher: Dispatcher | None = None
         self.plan = plan
         self.lanes = plan.owned_lanes(lanes)
         self.emit_state = emit_state
-        if isinstance(runner, Runner) and runner.stage.fingerprint() != self.stage.fingerprint():
-            raise ValueError("the shared runner was built for other datasets or operators; build it with "
-                             "make_runner(name, loader.stage) from a loader of the same config")
-        if not isinstance(runner, Runner) and runner not in RUNNERS:
-            raise ValueError(f"runner must be one of {', '.join(map(repr, RUNNERS))} or a Runner to share "
-                             f"(make_runner(name, loader.stage)), got {runner!r}")
-        if not isinstance(runner, Runner) and runner != "inline" and (not isinstance(num_workers, int)
-                                                                      or num_workers < 1):
-            raise ValueError(f"num_workers must be an int >= 1 for runner={runner!r}, got {num_workers!r}")
-        if runner == "processes":
-            check_main_guarded()  # an unguarded script would run again in every worker: refuse it now
+        check_runner(runner, num_workers, self.stage)  # now: the runner itself starts with the first iteration
         self._runner_spec, self.num_workers = runner, num_workers
         self._runner: Runner | None = runner if isinstance(runner, Runner) else None
         self._owns_runner = not isinstance(runner, Runner)
@@ -166,8 +157,7 @@ class Loader:
         self._runner_iteration = 0  # the iteration (generation) whose end stops that runner
         self._state: dict[int, LanePipeline] = {}
         self._pending: dict | None = None
-        self._generation = 0  # bumped by iter(), restore() and close(): an older iterator must stop
-        self._superseded_by = "iter()"  # which of them bumped it last (the stopped iterator's message)
+        self._generations = Generations()  # iter(), restore() and close() start one: an older iterator must stop
         self.tail = Tail(self)
         self._metrics = MetricsCounter(len(plan.datasets))
         self._skips = (0, 0)  # skipped and filtered by the lanes of iterations before the current one
@@ -232,8 +222,7 @@ class Loader:
             self.plan = plan
             self._pending = {lane: by_lane[lane] for lane in self.lanes}
             self.tail.handed = None  # the restored state replaces what was delivered
-            self._generation += 1
-            self._superseded_by = "restore()"
+            self._generations.bump("restore()")
 
     def explain(self, steps, state: dict | None = None, text_field: str | None = None) -> dict:
         """Every row of the global batches of ``steps`` (a step or a range): lane, micro-batch, and each source
@@ -303,14 +292,12 @@ class Loader:
         if not self.lanes:  # a host worker with no lanes: end at once, start nothing
             return
         self._start()
-        self._generation += 1
-        self._superseded_by = "iter()"
-        self._runner_iteration = generation = self._generation
+        self._runner_iteration = generation = self._generations.bump("iter()")
         try:
             yield from self.tail.steps(generation)
         except Exception as e:
-            if self._generation != generation:  # closed, restored or iterated anew meanwhile (another thread)
-                raise RuntimeError(self._superseded_message()) from e
+            if self._generations.current != generation:  # closed, restored or iterated anew meanwhile
+                raise self._generations.ended() from e
             raise
         finally:
             if self._runner_iteration == generation:
@@ -328,17 +315,9 @@ class Loader:
         return [self._state[lane] for lane in self.lanes if lane in self._state]
 
     def check_generation(self, generation: int) -> None:
-        """Raise ``RuntimeError`` when the iteration ``generation`` was superseded by a newer ``iter()`` or
-        ``restore()``."""
-        if generation != self._generation:
-            raise RuntimeError(self._superseded_message())
-
-    def _superseded_message(self) -> str:
-        if self._superseded_by == "close()":
-            return ("this iterator ended: Loader.close() was called; a new iter() on the same Loader continues where "
-                    "it stopped")
-        return ("this iterator was superseded by a newer iter() or restore() on the same Loader; iterate the newest "
-                "one")
+        """Raise ``RuntimeError`` when the iteration ``generation`` was ended by a newer ``iter()``, a ``restore()``
+        or ``close()`` (``engine.generations``), saying which."""
+        self._generations.check(generation)
 
     @property
     def dropped_rows(self) -> int:
@@ -400,9 +379,8 @@ class Loader:
         self._close(wait=True)
 
     def _close(self, wait: bool) -> None:
-        if self._runner_iteration == self._generation:
-            self._generation += 1  # the open iterator ends at its next micro-batch, saying why
-            self._superseded_by = "close()"
+        if self._runner_iteration == self._generations.current:
+            self._generations.bump("close()")  # the open iterator ends at its next micro-batch, saying why
         self._stop_dispatcher()
         if self._runner is not None and self._owns_runner:
             self._stop_runner.detach()  # the finalizer is then dead

@@ -13,7 +13,7 @@ from .guard import UnguardedMainError, check_main_guarded
 RUNNERS = ("inline", "threads", "processes")
 
 __all__ = ["RUNNERS", "InlineRunner", "ProcessRunner", "Runner", "ThreadRunner", "UnguardedMainError", "WorkerDied",
-           "check_main_guarded", "make_runner"]
+           "check_main_guarded", "check_runner", "make_runner"]
 
 
 def make_runner(name: str, stage, num_workers: int = 2) -> Runner:
@@ -24,8 +24,7 @@ def make_runner(name: str, stage, num_workers: int = 2) -> Runner:
     num_workers: threads or processes (an int >= 1; ignored by ``inline``).
     Raises ``ValueError`` for another name or a bad ``num_workers``.
     """
-    if name in ("threads", "processes") and (not isinstance(num_workers, int) or num_workers < 1):
-        raise ValueError(f"num_workers must be an int >= 1 for the {name} runner, got {num_workers!r}")
+    _check_workers(name, num_workers)
     if name == "inline":
         return InlineRunner(stage)
     if name == "threads":
@@ -33,3 +32,28 @@ def make_runner(name: str, stage, num_workers: int = 2) -> Runner:
     if name == "processes":
         return ProcessRunner(stage, num_workers)
     raise ValueError(f"runner must be one of {RUNNERS}, got {name!r}")
+
+
+def check_runner(runner, num_workers, stage) -> None:
+    """Validate a Loader's ``runner`` and ``num_workers`` when it is built (its runner starts later, lazily).
+
+    runner: a name from ``RUNNERS``, or a ``Runner`` to share. num_workers: threads or processes (an int >= 1;
+    ignored by ``inline`` and by a shared runner). stage: the loader's ``WorkStage``, which a shared runner must run.
+    Raises ``ValueError`` naming what is wrong; ``UnguardedMainError`` for ``processes`` started from a main script
+    without the ``if __name__ == "__main__":`` guard (it would run again in every worker)."""
+    if isinstance(runner, Runner):
+        if runner.stage.fingerprint() != stage.fingerprint():
+            raise ValueError("the shared runner was built for other datasets or operators; build it with "
+                             "make_runner(name, loader.stage) from a loader of the same config")
+        return
+    if runner not in RUNNERS:
+        raise ValueError(f"runner must be one of {', '.join(map(repr, RUNNERS))} or a Runner to share "
+                         f"(make_runner(name, loader.stage)), got {runner!r}")
+    _check_workers(runner, num_workers)
+    if runner == "processes":
+        check_main_guarded()
+
+
+def _check_workers(name: str, num_workers) -> None:
+    if name in ("threads", "processes") and (not isinstance(num_workers, int) or num_workers < 1):
+        raise ValueError(f"num_workers must be an int >= 1 for runner={name!r}, got {num_workers!r}")
