@@ -24,6 +24,7 @@ from ..formats import DataError
 from ..formats.records import piece_ref
 from ..ops.base import RecordError
 from .carry import Carried, carrier_indexes, record_ref, ref_key, ref_record
+from .metrics import mark_offsets, row_facts
 from .stage import error_for
 
 SENTINEL = "sentinel"
@@ -51,6 +52,8 @@ class LanePipeline:
         self.cs = source.chunk_size
         self.unit_size = unit_size
         self.chain = [(op, op.new_accumulator(lane) if op.stateful else None) for op in chain_ops]
+        if metrics is not None:  # before any row is made: concat rows say where their pieces start (row_facts)
+            mark_offsets(self.chain)
         self.carriers = carrier_indexes(chain_ops)
         start = start or LaneCursor.fresh(lane)
         # Work sized to demand (never changes the output): the first unit is one step's rows (``first_unit``) plus
@@ -64,9 +67,7 @@ class LanePipeline:
         # buffered rows taken by this pipeline, stream rows skipped): one tuple, so a delivery commits with a single
         # attribute store that no signal can split (see ``cursor_after``); ``drop`` then frees the taken rows.
         self.cursor = (self.span_index, start.replay_cursor, start.delivered_rows, 0, start.skipped_rows)
-        # rows ever put in the buffer: each buffered row is (span, row, its index among them, its index in its span
-        # plus one, stream rows skipped before it)
-        self.queued = 0
+        self.queued = 0  # rows ever put in the buffer (``rows``)
         self.skipped_ranges = list(skipped)
         self.stream_row, self.skipped_rows = start.stream_rows, start.skipped_rows  # of the next row produced
         self.replay_span, self.replay_skip = self.span_index, start.replay_cursor
@@ -77,7 +78,9 @@ class LanePipeline:
         if start.carry:
             self.carried[self.span_index] = start.carry
         self._resume_carry = start.carry or None  # regenerate before the span's first unit
-        self.rows: deque = deque()  # (span, row, k) ready for the tail
+        # rows ready for the tail: (span, row, index among the rows ever queued, index in its span plus one, stream
+        # rows skipped before it, its metrics.RowFacts or None without metrics)
+        self.rows: deque = deque()
         # dispatch side
         self.next_chunk, self.start_offset = divmod(first, self.cs)
         self._ahead: dict = {}   # chunk id -> pointers computed ahead for read-ahead hints
@@ -312,7 +315,10 @@ class LanePipeline:
             if any(lo <= o < hi for lo, hi in self.skipped_ranges):
                 self.skipped_rows += 1  # a skipped step's row: consumed, never delivered
                 continue
-            self.rows.append((self.span_index, row, self.queued, self.produced, self.skipped_rows))
+            facts = None
+            if self.metrics is not None:  # read off the row here, on the producing thread, not in next()
+                row, facts = row_facts(row)
+            self.rows.append((self.span_index, row, self.queued, self.produced, self.skipped_rows, facts))
             self.queued += 1
 
     # -- tail side ----------------------------------------------------------------------------
@@ -320,6 +326,10 @@ class LanePipeline:
         """The next ``n`` rows (fewer at the end) without taking them: they count as delivered only once
         ``take`` commits them (after the consumer has the micro-batch built from them)."""
         return [r[1] for r in islice(self.rows, n)]
+
+    def peek_facts(self, n: int) -> list:
+        """The ``metrics.RowFacts`` of the rows ``peek(n)`` returns (None for each without metrics)."""
+        return [r[5] for r in islice(self.rows, n)]
 
     @property
     def cursor_span(self) -> int:
@@ -337,7 +347,7 @@ class LanePipeline:
         """``cursor`` once the next ``n`` buffered rows (fewer at the end) and ``pad`` padding rows are
         delivered; nothing changes now. Committing is ``lane.cursor = that``, then ``drop()``."""
         s, r, total, taken, skipped = self.cursor
-        for span, _, _, r, skipped in islice(self.rows, n):
+        for span, _, _, r, skipped, _ in islice(self.rows, n):
             s = span
             total += 1
             taken += 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -64,28 +65,27 @@ class MetricsCounter:
         with self._lock:
             self.stage_s[name] = self.stage_s.get(name, 0.0) + seconds
 
-    def add_micro_batch(self, mb: dict, rows: list, n_pad: int, source) -> None:
-        """A micro-batch handed to the consumer: ``rows``, its rows of data (before collation, ``n_pad`` padding
-        rows after them); ``source``: the ``WorkSource`` their stream positions come from."""
-        n_real = len(rows)
+    def add_micro_batch(self, mb: dict, facts: list, n_pad: int, source) -> None:
+        """A micro-batch handed to the consumer: ``facts``, the ``RowFacts`` of its rows of data (``row_facts``, made
+        where the rows were produced; ``n_pad`` padding rows follow them); ``source``: the ``WorkSource`` their
+        stream positions come from. A few additions: the consumer's ``next()`` pays for nothing else here."""
+        n_real = len(facts)
         ids, mask = mb.get("input_ids"), mb.get("attention_mask")
         width = ids.shape[-1] if isinstance(ids, np.ndarray) and ids.ndim == 2 else 0
-        # attention positions (masks are 0/1): count_nonzero skips sum's widening of uint8, on memory often cache-cold
-        tokens = int(np.count_nonzero(mask[:n_real])) if isinstance(mask, np.ndarray) and width else 0
-        single, packed = [], _Packed()
-        for row in rows:
-            _pieces(row, single, packed)
+        # attention positions, counted per row as it was made (masks are 0/1), where the micro-batch has a mask array
+        tokens = sum(f.tokens for f in facts) if isinstance(mask, np.ndarray) and width else 0
         with self._lock:
-            for d, first, k in single:
-                self.samples[d] += first
-                self.tokens[d] += k
-            if packed.positions:
-                if self._packed_source is not source:
-                    self._count_packed()
-                self._packed_source = source
-                self._packed.extend(packed)
-                if len(self._packed.positions) >= PACKED_BATCH:
-                    self._count_packed()
+            for f in facts:
+                for d, first, k in f.single:
+                    self.samples[d] += first
+                    self.tokens[d] += k
+                if f.packed is not None:
+                    if self._packed_source is not source:
+                        self._count_packed()
+                    self._packed_source = source
+                    self._packed.extend(f.packed)
+            if len(self._packed.positions) >= PACKED_BATCH:
+                self._count_packed()
             self.micro_batches += 1
             self.rows += n_real
             self.padding_rows += n_pad
@@ -181,16 +181,34 @@ def _pieces(row: dict, single: list, packed: _Packed) -> None:
     packed.offsets += offsets if offsets is not None else [0] * len(src)
 
 
-def mark_offsets(lanes) -> None:
-    """Ask the concat packers of ``lanes`` (``LanePipeline`` list) to say where each piece of a row starts in its
-    document (``DOC_OFFSETS``, what ``add_micro_batch`` needs to count a document once); ``without_offsets``
-    removes it from the rows before they are collated, so micro-batches stay as they were."""
-    for st in lanes:
-        for _, acc in st.chain:
-            if hasattr(acc, "mark_offsets"):
-                acc.mark_offsets = True
+def mark_offsets(chain) -> None:
+    """Ask the concat packers of ``chain`` (a ``LanePipeline``'s ``(operator, accumulator)`` pairs) to say where each
+    piece of a row starts in its document (``DOC_OFFSETS``, what ``row_facts`` needs to count a document once);
+    ``row_facts`` removes it from the rows, so micro-batches stay as they were."""
+    for _, acc in chain:
+        if hasattr(acc, "mark_offsets"):
+            acc.mark_offsets = True
 
 
-def without_offsets(rows: list) -> list:
-    """``rows`` without the ``DOC_OFFSETS`` key (copies of the rows that have it)."""
-    return [{k: v for k, v in r.items() if k != DOC_OFFSETS} if DOC_OFFSETS in r else r for r in rows]
+class RowFacts(NamedTuple):
+    """What ``add_micro_batch`` counts of one row of data, read off it where it was produced (the dispatcher thread:
+    the row is still in cache, and the consumer's ``next()`` only adds these up).
+
+    tokens: its attention positions (``count_nonzero`` of its ``attention_mask`` array; 0 without one).
+    single: ``(dataset, starts a document, tokens)`` of a row of one sample (``_pieces``).
+    packed: the pieces of a combined row (``_Packed``), or None."""
+    tokens: int
+    single: list
+    packed: _Packed | None
+
+
+def row_facts(row: dict) -> tuple[dict, RowFacts]:
+    """``(row without DOC_OFFSETS, its RowFacts)`` (a copy of the row only when it has the key)."""
+    mask = row.get("attention_mask")
+    # masks are 0/1: count_nonzero skips sum's widening of uint8
+    tokens = int(np.count_nonzero(mask)) if isinstance(mask, np.ndarray) else 0
+    single, packed = [], _Packed()
+    _pieces(row, single, packed)
+    if DOC_OFFSETS in row:
+        row = {k: v for k, v in row.items() if k != DOC_OFFSETS}
+    return row, RowFacts(tokens, single, packed if packed.positions else None)

@@ -15,7 +15,6 @@ from .. import checkpoint as ckpt
 from ..formats import DataError, DataWarning
 from ..formats.records import LANE, MICRO, PAD, ROWS, STATE, STEP
 from ..ops.batch import collate, padding_row
-from .metrics import mark_offsets, without_offsets
 from .sharing import own_block
 
 
@@ -58,7 +57,6 @@ class Tail:
         # every lane fills every step (Batch(short_last=True): only real rows, the last steps short)
         pad = plan.finite and not plan.batch.drop_last and plan.pad_tail and not plan.batch.short_last
         self.steps_done = 0
-        mark_offsets(self.loader.lane_pipelines())  # rows say where their pieces start: metrics count documents
         while True:
             chosen = self._next_step(pad)
             if chosen is None:
@@ -151,8 +149,7 @@ class Tail:
         # asks for more (or checkpoint()/iter()/restore() does).
         st = L.lane(lane)
         L.ensure(lane, (j + 1) * m - start)  # only this micro-batch's rows: the first one comes without the step's
-        real = st.peek((j + 1) * m - start)
-        rows = without_offsets(real)
+        rows = st.peek((j + 1) * m - start)
         if rows and self.template is None:
             self.template = rows[0]
         n_real = len(rows)
@@ -172,7 +169,7 @@ class Tail:
         self.handed = (st, after, n_real, n_pad)
         lo, hi = own_block(L)
         if lo <= j < hi:  # this rank's micro-batch (sharing a lane, the other blocks are the other ranks')
-            L._metrics.add_micro_batch(mb, real, n_pad, st.source)
+            L._metrics.add_micro_batch(mb, st.peek_facts(n_real), n_pad, st.source)
         yield mb
         self.commit()
         st.drop()  # finishes a drop an interrupted checkpoint() left (idempotent)
@@ -187,7 +184,7 @@ class Tail:
                 L.ensure(lane, 1)
                 if L.lane(lane).rows:
                     break
-            buffered = [without_offsets([st.rows[0][1]])[0] for st in L.lane_pipelines() if st.rows]  # (span, row, ...)
+            buffered = [st.rows[0][1] for st in L.lane_pipelines() if st.rows]  # (span, row, ...)
             self.template = buffered[0] if buffered else empty_row(L.chain_ops)
         if self.template is None:
             raise RuntimeError(f"lanes {L.lanes} delivered no row in this pass (every sample filtered or "

@@ -49,18 +49,22 @@ def collate(rows: list[dict]) -> dict:
     memory with no other micro-batch); other values (``cu_seqlens`` of varying length, ``__src__``, numbers) become
     lists of length ``rows``."""
     out = {}
+    if len(rows) == 1:  # the common micro-batch of one packed row: no shapes to compare (next() runs this)
+        for k, v in rows[0].items():
+            if not isinstance(v, np.ndarray):
+                out[k] = [v]
+            elif v.base is None and v.flags.writeable:
+                # A row that owns its array (what Pack and Tokenize make): a view, as torch's batch_size=None
+                # hands arrays over; the row is freed once delivered. Copying cache-cold rows was most of next().
+                out[k] = v[None]
+            else:  # a view into a shared block (a transport's stacked column) or read-only memory: a private copy
+                out[k] = v[None].copy()
+        return out
     for k in rows[0]:
         vals = [r[k] for r in rows]
         v0 = vals[0]
         if isinstance(v0, np.ndarray) and all(isinstance(v, np.ndarray) and v.shape == v0.shape for v in vals):
-            if len(vals) > 1:  # np.array stacks equal-shaped arrays into a new one as np.stack does, in C
-                out[k] = np.array(vals)
-            elif v0.base is None and v0.flags.writeable:
-                # One row that owns its array (what Pack and Tokenize make): a view, as torch's batch_size=None
-                # hands arrays over; the row is freed once delivered. Copying cache-cold rows was most of next().
-                out[k] = v0[None]
-            else:  # a view into a shared block (a transport's stacked column) or read-only memory: a private copy
-                out[k] = v0[None].copy()
+            out[k] = np.array(vals)  # stacks equal-shaped arrays into a new one as np.stack does, in C
         else:
             out[k] = vals
     return out
