@@ -75,6 +75,25 @@ def test_state_is_what_was_consumed_and_resumes_at_other_worker_counts(text_dir)
         assert head + tail == want, W
 
 
+def test_lane_entries_are_the_rank_states_lanes(text_dir):
+    """``lane_entries()`` (what zephon_streaming publishes every step, without building a checkpoint) equals
+    ``rank_state()["lanes"]`` before any item, after some, and after a load of entries written in another key order."""
+    s = _session(text_dir)
+    assert s.lane_entries() == s.rank_state()["lanes"]
+    groups = s.ordered_groups(_round_robin(s.worker_items(2, w) for w in range(2)))
+    for _ in range(5):
+        next(groups)
+        assert s.lane_entries() == s.rank_state()["lanes"]
+    assert sum(e["delivered_rows"] for e in s.lane_entries()) == 5 * 4 * 2  # 5 groups: 4 lanes x 2 rows
+    state = s.rank_state()
+    state["lanes"] = [dict(reversed(list(e.items()))) for e in state["lanes"]]  # keys in another order
+    t = _session(text_dir)
+    t.load(state)
+    t.begin()
+    assert t.lane_entries() == s.rank_state()["lanes"]
+    assert [list(e) for e in t.lane_entries()] == [list(e) for e in s.rank_state()["lanes"]]
+
+
 def test_partial_rank_states_merge_and_missing_lanes_are_named(text_dir):
     states = []
     for r in range(2):

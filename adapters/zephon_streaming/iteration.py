@@ -45,7 +45,7 @@ class RankIteration:
                                timeout=self.exchange_timeout, runner=self.runner, workers=self.num_threads)
         try:
             for k, group in steps:
-                self._channel.publish(e, k, session.rank_state()["lanes"], in_memory=W == 0)
+                self._channel.publish(e, k, session.lane_entries(), in_memory=W == 0)
                 for _, mb in group:
                     yield from self.rows(mb)
         finally:

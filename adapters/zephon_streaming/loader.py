@@ -99,7 +99,7 @@ class StreamingDataLoader(DataLoader):
         session = ds._session(claim["epoch"], claim["start"])
         items = (item for bundle in super().__iter__() for item in bundle)  # one bundle per worker and step
         for group in session.ordered_groups(items):  # one group per step: a lane's step is one micro-batch
-            ds._channel.publish(claim["epoch"], group[0][0]["step"], session.rank_state()["lanes"], in_memory=True)
+            ds._channel.publish(claim["epoch"], group[0][0]["step"], session.lane_entries(), in_memory=True)
             rows = [r for _, mb in group for r in ds.rows(mb)]
             self.num_samples_yielded += len(rows)
             yield self.user_collate(rows)

@@ -35,7 +35,8 @@ class Progress:
 
     def reset(self, start: dict) -> None:
         """Start again from the rank checkpoint ``start``."""
-        self.entries = {e["lane"]: e for e in start["lanes"]}
+        # entries as ``LaneCursor.to_dict`` writes them (what micro-batches carry): ``lane_entries`` needs no parsing
+        self.entries = {c.lane: c.to_dict() for c in map(ckpt.LaneCursor.from_dict, start["lanes"])}
         self.handed: list[dict] = []  # entries of the item(s) last yielded to the training loop, uncommitted
 
     def observe(self, mb: dict) -> dict:
@@ -66,3 +67,9 @@ class Progress:
     def checkpoint(self) -> dict:
         """The rank's checkpoint dict (every lane of ``plan.rank_lanes``), handed items included."""
         return self.plan.make_state(self.cursors())
+
+    def lane_entries(self) -> list[dict]:
+        """``checkpoint()["lanes"]`` without building the checkpoint (no parsing, no digest: a host publishing the
+        entries every step pays only a sort). The entries are the recorded dicts themselves: read-only."""
+        self.commit()
+        return [e for _, e in sorted(self.entries.items())]

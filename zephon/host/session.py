@@ -288,6 +288,10 @@ class RankSession:
         """This rank's checkpoint as of the last item handed out: JSON data."""
         return self.progress.checkpoint()
 
+    def lane_entries(self) -> list[dict]:
+        """``rank_state()["lanes"]``, cheaply (``Progress.lane_entries``): what a host publishes every step."""
+        return self.progress.lane_entries()
+
     def saved_rank_state(self) -> dict:
         """``rank_state()`` with the topology it was saved at (``ranks.rank_checkpoint``): a host's per-rank
         ``state_dict``, restorable here or, through ``SavedRanks``, at another dp degree. No collective."""
