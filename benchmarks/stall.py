@@ -26,7 +26,8 @@ Runners ``inline``/``threads``/``processes`` drive ``zephon.Loader`` directly; `
 the rank's step, every lane's rows); on request, ``zephon_torch_threads`` (that runner named explicitly) and
 ``zephon_torch_inline`` / ``zephon_streaming_inline`` / ``zephon_energon_inline`` (the inline runner in each host
 worker, the adapters' default before: no read-ahead but the host's prefetch);
-``zephon_streaming`` and ``zephon_energon`` iterate their host's own format (MDS, WebDataset from
+``zephon_streaming`` and ``zephon_energon`` (and, on request, ``streaming`` and ``energon``: Mosaic's and Energon's own
+loaders on the same data and settings) iterate their host's own format (MDS, WebDataset from
 ``benchmarks/prepare.py``) as their hosts' users do: text samples, batch 8, 2 workers, a step being 8 batches, and
 for Energon a TaskEncoder that tokenizes (``benchmarks/formats.py``); their "tokens" are the tokens Energon's encoder
 produced, or for MDS the samples (no tokenizer in Mosaic's loader: the unit is a sample). Prints only.
@@ -46,6 +47,9 @@ CONFIGS = ("inline", "threads", "processes", "zephon_torch", "zephon_streaming",
 # On request (--configs): zephon_torch with an explicit threads runner (+ dispatcher) per worker (now the default), and
 # each adapter with the inline runner per host worker (the default before: no read-ahead but the host's prefetch).
 EXTRA = ("zephon_torch_threads", "zephon_torch_inline", "zephon_streaming_inline", "zephon_energon_inline")
+# On request: the hosts' own loaders on the same data and settings as zephon_streaming and zephon_energon (the stall a
+# user of Mosaic Streaming or Energon sees today, through the same torch DataLoader hand-off).
+PEERS = ("streaming", "energon")
 LANES, SEQ = 64, 2048
 
 
@@ -96,14 +100,23 @@ def _iterator(cfg):
         # one item is the rank's whole (step, micro-batch): all lanes' rows, so a step is one item
         return iter(dl), 1, _mask_tokens, "tokens"
     m = cfg["manifest"]
-    if name == "zephon_streaming":
-        from zephon_streaming import StreamingDataLoader, StreamingDataset
+    if name in ("zephon_streaming", "streaming"):
+        if name == "streaming":  # Mosaic's own
+            from streaming import StreamingDataLoader, StreamingDataset
+            from streaming.base.util import clean_stale_shared_memory
+
+            clean_stale_shared_memory()
+        else:
+            from zephon_streaming import StreamingDataLoader, StreamingDataset
 
         ds = StreamingDataset(local=m["mds"], batch_size=8, shuffle=True, shuffle_seed=17)
         dl = StreamingDataLoader(ds, batch_size=8, num_workers=2, prefetch_factor=4)
         return _epochs(dl), 8, lambda b: len(b["text"]), "samples"
-    if name == "zephon_energon":
-        import zephon_energon as mod
+    if name in ("zephon_energon", "energon"):
+        if name == "energon":  # Energon's own
+            import megatron.energon as mod
+        else:
+            import zephon_energon as mod
 
         from .formats import _tokenizing_encoder_cls
 
@@ -114,7 +127,7 @@ def _iterator(cfg):
                                    task_encoder=_tokenizing_encoder_cls(mod)(cfg["tokenizer"]))
         return iter(mod.get_loader(ds, worker_config=wc, prefetch_factor=4)), 8, lambda b: int((b != 0).sum()), \
             "tokens"
-    raise ValueError(f"unknown stall configuration {name!r}; choose from {CONFIGS}")
+    raise ValueError(f"unknown stall configuration {name!r}; choose from {CONFIGS + EXTRA + PEERS}")
 
 
 def _epochs(dl):
@@ -238,9 +251,9 @@ def main(argv=None) -> int:
     if args.pipeline == "vl" and args.configs == ",".join(CONFIGS):
         args.configs = ",".join(VL_CONFIGS)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    bad = [c for c in configs if c not in CONFIGS + EXTRA]
+    bad = [c for c in configs if c not in CONFIGS + EXTRA + PEERS]
     if bad:
-        ap.error(f"unknown configuration(s) {bad}; choose from {CONFIGS}")
+        ap.error(f"unknown configuration(s) {bad}; choose from {CONFIGS + EXTRA + PEERS}")
     from .prepare import prepare
 
     m = prepare(args.workdir, quick=args.quick, log=lambda *_: None)

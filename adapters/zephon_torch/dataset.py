@@ -95,7 +95,7 @@ class ZephonIterableDataset(IterableDataset):
         W, w = (0, 0) if info is None else (info.num_workers, info.id)
         runner = self._main_runner if info is None else self._worker_runner
         if self.report_drops:  # this package's DataLoaders reassemble and convert (cheaper across processes)
-            yield from self.session.worker_items(W, w, runner=runner[0], workers=runner[1])
+            yield from self.session.worker_bundles(W, w, runner=runner[0], workers=runner[1])
             return
         L = self.session.worker_loader(W, w, runner[0], runner[1])
         if L is None:

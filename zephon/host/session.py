@@ -21,7 +21,8 @@ from .agreement import StepAgreement, _dist, agreed_steps, padded_steps, short_s
 from .assembly import StepAssembly
 from .progress import Progress, initial_state
 from .ranks import rank_checkpoint, restorable
-from .workers import host_worker_runner, worker_lanes
+from .bundles import last_micro_index, step_bundles
+from .workers import exit_with_parent, host_worker_runner, worker_lanes
 
 log = logging.getLogger("zephon")
 
@@ -111,11 +112,21 @@ class RankSession:
         lanes = None if num_workers == 0 else worker_lanes(self.rank_lanes, num_workers, worker_id)
         if lanes == []:
             return None
+        if num_workers:
+            exit_with_parent()  # a host's worker process ends with the training process (it may be killed)
         runner, workers = host_worker_runner(runner, workers)
         L = Loader.from_plan(self.plan, lanes=lanes, runner=runner, num_workers=workers, emit_state=True,
                              **self._options)
         L.restore(self._start)
         return L
+
+    def worker_bundles(self, num_workers: int = 0, worker_id: int = 0, **item_kwargs):
+        """``worker_items`` grouped per step (``bundles.step_bundles``): lists of ``(meta, payload)``, what a host
+        worker sends as one item (the consuming process flattens them before ``ordered_groups``).
+        ``item_kwargs``: ``worker_items``' keywords."""
+        lanes = self.rank_lanes if num_workers == 0 else worker_lanes(self.rank_lanes, num_workers, worker_id)
+        return step_bundles(self.worker_items(num_workers, worker_id, **item_kwargs), lanes,
+                            last_micro_index(self.plan))
 
     def worker_items(self, num_workers: int = 0, worker_id: int = 0, *, finish=None, runner=None,
                      workers=None):

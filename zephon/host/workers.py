@@ -1,7 +1,16 @@
-"""A host loader worker's lanes: its part of a rank's lanes."""
+"""A host loader worker's lanes (its part of a rank's lanes), its runner, and its end with the training process."""
 from __future__ import annotations
 
+import multiprocessing
+import os
+import threading
+import time
+
 from ..work import TopologyError
+
+# How often a host worker process checks that the process that started it is alive (``exit_with_parent``).
+PARENT_CHECK_S = 2.0
+_watched_pid: int | None = None  # the process whose watch thread runs (a forked child starts its own)
 
 
 def worker_lanes(lanes: list[int], num_workers: int, worker_id: int) -> list[int]:
@@ -36,3 +45,24 @@ def host_worker_runner(runner=None, workers=None) -> tuple:
     validates it (ValueError)."""
     return (HOST_WORKER_RUNNER[0] if runner is None else runner,
             HOST_WORKER_RUNNER[1] if workers is None else workers)
+
+
+def exit_with_parent() -> None:
+    """In a host's worker process (a ``multiprocessing`` child): end it once the process that started it is gone.
+
+    torch's DataLoader worker notices a dead parent only between items, then joins its queue's feeder thread, which
+    blocks for ever when the pipe is full of items nobody reads any more (a core worker's items are pickled numpy
+    micro-batches, larger than a pipe's buffer), so the worker outlives a killed training process with its memory.
+    A daemon thread checks the parent every ``PARENT_CHECK_S`` seconds. Once per process; nothing in a process that
+    no ``multiprocessing`` parent started."""
+    global _watched_pid
+    if multiprocessing.parent_process() is None or _watched_pid == os.getpid():
+        return
+    _watched_pid, parent = os.getpid(), os.getppid()
+
+    def watch():
+        while os.getppid() == parent:  # a process whose parent died is adopted by another
+            time.sleep(PARENT_CHECK_S)
+        os._exit(1)  # nothing is left to hand items to; the parent's resources are already gone
+
+    threading.Thread(target=watch, name="zephon-parent-watch", daemon=True).start()
