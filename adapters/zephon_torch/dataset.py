@@ -2,8 +2,9 @@
 
 Translation only: the rank's plumbing (worker shares of the lanes, reassembly, the consumed state) is
 ``zephon.host.RankSession``. Each DataLoader worker iterates its lanes (part of the rank's), one item per
-lane micro-batch (``batch_size=None``); items carry their lane's checkpoint entry so the consuming process
-can checkpoint exactly what it used, whatever the worker count or prefetch depth
+lane micro-batch under a plain DataLoader (``batch_size=None``), or under this package's loaders one per step
+(its lanes' micro-batches of that step: one transfer per step and worker); items carry their lane's checkpoint
+entry so the consuming process can checkpoint exactly what it used, whatever the worker count or prefetch depth
 (``zephon_torch.DataLoader`` / ``StatefulDataLoader`` do this).
 """
 from __future__ import annotations
