@@ -1,10 +1,10 @@
 """torch DataLoaders whose state is the rank's Zephon checkpoint.
 
-They iterate a ``ZephonIterableDataset`` with ``batch_size=None`` (one item per step from each worker: its lanes'
-micro-batches of that step, ``RankSession.worker_bundles``); ``zephon.host.RankSession`` puts the rank's lane
-micro-batches of each (step, micro-batch) back together and records each lane's checkpoint entry as it is handed
-to the training loop. The state therefore reflects exactly what the loop consumed, and it does not depend on
-``num_workers`` or prefetching: save with 2 workers, resume with 0 or 3. This module translates torch's keywords,
+They iterate a ``ZephonIterableDataset`` with ``batch_size=None`` (one item per lane micro-batch from
+the workers); ``zephon.host.RankSession`` puts the rank's lane micro-batches of each (step, micro-batch)
+back together and records each lane's checkpoint entry as it is handed to the training loop. The state
+therefore reflects exactly what the loop consumed, and it does not depend on ``num_workers`` or
+prefetching: save with 2 workers, resume with 0 or 3. This module translates torch's keywords,
 converts micro-batches to tensors and hands a user's ``collate_fn`` the samples of each local micro-batch
 (in the consuming process, where the rank's lanes meet); nothing else.
 """
@@ -127,11 +127,9 @@ class _RankStateMixin:
                 out.setdefault(k, v)
         return out
 
-    def _assembled(self, bundles):
-        # The workers send one bundle per step (RankSession.worker_bundles). _build runs before the group counts as
-        # consumed: an exception in it (the user's collate_fn included) loses nothing; the state is recorded as each
-        # result is handed to the loop.
-        items = (item for bundle in bundles for item in bundle)
+    def _assembled(self, items):
+        # _build runs before the group counts as consumed: an exception in it (the user's collate_fn
+        # included) loses nothing; the state is recorded as each result is handed to the loop.
         yield from self._session.ordered_groups(items, build=self._build)
 
     def _before_iter(self):

@@ -33,7 +33,6 @@ import time
 
 from ..checkpoint import lane_ranges
 from ..formats.fileio import atomic_write, pid_alive
-from .bundles import last_micro_index
 from .workers import worker_lanes
 
 _POLL_MIN, _POLL_MAX = 0.0005, 0.02  # seconds between looks at the directory (doubling while nothing arrives)
@@ -67,7 +66,8 @@ def worker_steps(session, num_workers: int, worker_id: int, end_step: int, **ite
     starts = start_steps(session)
     first = min(starts.values())
     mine = L.rank_lanes if num_workers == 0 else worker_lanes(L.rank_lanes, num_workers, worker_id)
-    last_micro = last_micro_index(L)
+    # the rank's last micro-batch of a lane's step: of its block when ranks share the lane (more ranks than lanes)
+    last_micro = (L.share_index + 1) * (L.rows_per_rank_step // L.batch.micro_batch_size) - 1
     items = session.worker_items(num_workers, worker_id, **item_kwargs)
     try:
         for k in range(first, end_step):

@@ -21,7 +21,6 @@ from .agreement import StepAgreement, _dist, agreed_steps, padded_steps, short_s
 from .assembly import StepAssembly
 from .progress import Progress, initial_state
 from .ranks import rank_checkpoint, restorable
-from .bundles import last_micro_index, step_bundles
 from .workers import exit_with_parent, host_worker_runner, worker_lanes
 
 log = logging.getLogger("zephon")
@@ -119,14 +118,6 @@ class RankSession:
                              **self._options)
         L.restore(self._start)
         return L
-
-    def worker_bundles(self, num_workers: int = 0, worker_id: int = 0, **item_kwargs):
-        """``worker_items`` grouped per step (``bundles.step_bundles``): lists of ``(meta, payload)``, what a host
-        worker sends as one item (the consuming process flattens them before ``ordered_groups``).
-        ``item_kwargs``: ``worker_items``' keywords."""
-        lanes = self.rank_lanes if num_workers == 0 else worker_lanes(self.rank_lanes, num_workers, worker_id)
-        return step_bundles(self.worker_items(num_workers, worker_id, **item_kwargs), lanes,
-                            last_micro_index(self.plan))
 
     def worker_items(self, num_workers: int = 0, worker_id: int = 0, *, finish=None, runner=None,
                      workers=None):
