@@ -12,8 +12,9 @@ import numpy as np
 from ..checkpoint import LaneCursor
 from ..checkpoint.skips import covers, stream_row
 from ..formats.records import PIECE, SRC, PieceRef, Src
-from ..ops.pack_concat import DOC_OFFSETS, ConcatAccumulator
+from ..ops.pack_concat import DOC_OFFSETS
 from .lane import LanePipeline
+from .metrics import mark_offsets
 from .plan import dataset_names
 from .runners import make_runner
 
@@ -113,9 +114,7 @@ def _lane_rows(plan, runner, lane: int, cursor, wanted: list) -> tuple[dict, int
     start, index = _start(plan, lane, cursor, wanted[0])
     st = LanePipeline(lane, plan.source, plan.chain_ops, plan.datasets, span=plan.flush_span,
                       unit_size=plan.unit_size, start=start)
-    for _, acc in st.chain:
-        if isinstance(acc, ConcatAccumulator):
-            acc.mark_offsets = True  # where each piece starts in its document (its rows go nowhere else)
+    mark_offsets(st.chain)  # where each piece starts in its document (its rows go nowhere else)
     first = start.first_pointer(plan.source.chunk_size)
     want, out = set(wanted), {}
     while index <= wanted[-1]:
