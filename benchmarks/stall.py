@@ -46,7 +46,8 @@ from .stall_vl import VL_CONFIGS, prepare_vl, vl_iterator
 CONFIGS = ("inline", "threads", "processes", "zephon_torch", "zephon_streaming", "zephon_energon")
 # On request (--configs): zephon_torch with an explicit threads runner (+ dispatcher) per worker (now the default), and
 # each adapter with the inline runner per host worker (the default before: no read-ahead but the host's prefetch).
-EXTRA = ("zephon_torch_threads", "zephon_torch_inline", "zephon_streaming_inline", "zephon_energon_inline")
+EXTRA = ("zephon_torch_threads", "zephon_torch_inline", "zephon_streaming_inline", "zephon_energon_inline",
+         "zephon_streaming_dl")
 # On request: the hosts' own loaders on the same data and settings as zephon_streaming and zephon_energon (the stall a
 # user of Mosaic Streaming or Energon sees today, through the same torch DataLoader hand-off).
 PEERS = ("streaming", "energon")
@@ -111,6 +112,13 @@ def _iterator(cfg):
 
         ds = StreamingDataset(local=m["mds"], batch_size=8, shuffle=True, shuffle_seed=17)
         dl = StreamingDataLoader(ds, batch_size=8, num_workers=2, prefetch_factor=4)
+    if name == "zephon_streaming_dl":  # a plain torch DataLoader over it: one worker yields (and collates) a step
+        from torch.utils.data import DataLoader
+        from zephon_streaming import StreamingDataset
+
+        ds = StreamingDataset(local=m["mds"], batch_size=8, shuffle=True, shuffle_seed=17)
+        dl = DataLoader(ds, batch_size=8, num_workers=2, prefetch_factor=4)
+    if name in ("zephon_streaming", "streaming", "zephon_streaming_dl"):
         return _epochs(dl), 8, lambda b: len(b["text"]), "samples"
     if name in ("zephon_energon", "energon"):
         if name == "energon":  # Energon's own

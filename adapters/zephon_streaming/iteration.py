@@ -52,9 +52,10 @@ class RankIteration:
             steps.close()
 
     def _iter_lane_bundles(self):
-        """For ``StreamingDataLoader``'s workers: this worker's lanes (``zephon.host.worker_lanes``),
-        one item per step, the list of its lanes' ``(meta, micro-batch)`` of that step. One item per step and
-        worker keeps torch's round robin in step order and costs one transfer per step, not one per lane."""
+        """For ``StreamingDataLoader``'s workers: this worker's lanes (``zephon.host.worker_lanes``), one item per
+        ``num_workers`` steps, the list of its lanes' ``(meta, micro-batch)`` of those steps
+        (``RankSession.worker_bundles``). An item holds about one rank batch, as a Mosaic worker's does, so the
+        training process takes one item per step and ``prefetch_factor`` counts rank batches."""
         claim = self._channel.current()
         info = get_worker_info()
         W, w = (info.num_workers, info.id) if info is not None else (0, 0)
@@ -63,9 +64,7 @@ class RankIteration:
         session = self._session(claim["epoch"], claim["start"])
         steps = worker_steps(session, W, w, self.steps_per_epoch, runner=self.runner, workers=self.num_threads)
         try:
-            for _, items in steps:
-                if items:  # a worker without lanes yields nothing (torch then skips it)
-                    yield items
+            yield from session.worker_bundles(W, w, max(W, 1), items=(item for _, items in steps for item in items))
         finally:
             steps.close()
 

@@ -1,7 +1,8 @@
 """``StreamingDataLoader``: a ``torch.utils.data.DataLoader`` whose workers split the rank's lanes.
 
-Each worker computes its own lanes (``zephon.host.worker_lanes``) and sends one item per step, the
-list of its lanes' micro-batches (``batch_size=None`` underneath). The main process puts the rank's steps back
+Each worker computes its own lanes (``zephon.host.worker_lanes``) and sends one item per ``num_workers`` steps,
+the list of its lanes' micro-batches (``batch_size=None`` underneath): about one rank batch per item, as Mosaic's
+workers send, so the main process takes one item per step. The main process puts the rank's steps back
 together and records every lane's entry as the step is handed out (``zephon.host.RankSession.ordered_groups``), so
 the state is exactly what the training loop received, whatever ``num_workers`` and ``prefetch_factor``. This module
 translates Mosaic's loader surface (keywords, ``batch_size``, state calls) and collates rows; nothing else.
@@ -27,7 +28,7 @@ class _LaneBatches(IterableDataset):
     def __iter__(self):
         return self.dataset._iter_lane_bundles()
 
-    def __len__(self):  # an upper bound on items: one per step per worker holding lanes
+    def __len__(self):  # an upper bound on items: at most one per step per worker holding lanes
         return self.dataset.steps_per_epoch * len(self.dataset.rank_lanes)
 
     # Composer looks for the state calls on ``dataloader.dataset``
@@ -97,7 +98,7 @@ class StreamingDataLoader(DataLoader):
         if claim["k0"] >= ds.steps_per_epoch:
             return
         session = ds._session(claim["epoch"], claim["start"])
-        items = (item for bundle in super().__iter__() for item in bundle)  # one bundle per worker and step
+        items = (item for bundle in super().__iter__() for item in bundle)  # a worker's lanes, num_workers steps
         for group in session.ordered_groups(items):  # one group per step: a lane's step is one micro-batch
             ds._channel.publish(claim["epoch"], group[0][0]["step"], session.lane_entries(), in_memory=True)
             rows = [r for _, mb in group for r in ds.rows(mb)]

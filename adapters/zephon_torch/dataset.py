@@ -2,7 +2,8 @@
 
 Translation only: the rank's plumbing (worker shares of the lanes, reassembly, the consumed state) is
 ``zephon.host.RankSession``. Each DataLoader worker iterates its lanes (part of the rank's), one item per
-lane micro-batch (``batch_size=None``); items carry their lane's checkpoint entry so the consuming process
+lane micro-batch (``batch_size=None``; under this package's DataLoaders, one list of its lanes' micro-batches per
+(step, micro-batch)); items carry their lane's checkpoint entry so the consuming process
 can checkpoint exactly what it used, whatever the worker count or prefetch depth
 (``zephon_torch.DataLoader`` / ``StatefulDataLoader`` do this).
 """
@@ -95,7 +96,7 @@ class ZephonIterableDataset(IterableDataset):
         W, w = (0, 0) if info is None else (info.num_workers, info.id)
         runner = self._main_runner if info is None else self._worker_runner
         if self.report_drops:  # this package's DataLoaders reassemble and convert (cheaper across processes)
-            yield from self.session.worker_items(W, w, runner=runner[0], workers=runner[1])
+            yield from self.session.worker_bundles(W, w, runner=runner[0], workers=runner[1])
             return
         L = self.session.worker_loader(W, w, runner[0], runner[1])
         if L is None:

@@ -1,12 +1,12 @@
 """torch DataLoaders whose state is the rank's Zephon checkpoint.
 
-They iterate a ``ZephonIterableDataset`` with ``batch_size=None`` (one item per lane micro-batch from
-the workers); ``zephon.host.RankSession`` puts the rank's lane micro-batches of each (step, micro-batch)
-back together and records each lane's checkpoint entry as it is handed to the training loop. The state
-therefore reflects exactly what the loop consumed, and it does not depend on ``num_workers`` or
-prefetching: save with 2 workers, resume with 0 or 3. This module translates torch's keywords,
-converts micro-batches to tensors and hands a user's ``collate_fn`` the samples of each local micro-batch
-(in the consuming process, where the rank's lanes meet); nothing else.
+They iterate a ``ZephonIterableDataset`` with ``batch_size=None`` (one item per worker and (step, micro-batch): the
+list of its lanes' micro-batches, ``zephon.host.workers.bundled``); ``zephon.host.RankSession`` puts the rank's lane
+micro-batches of each (step, micro-batch) back together and records each lane's checkpoint entry as it is handed to
+the training loop. The state therefore reflects exactly what the loop consumed, and it does not depend on
+``num_workers`` or prefetching: save with 2 workers, resume with 0 or 3. This module translates torch's keywords,
+converts micro-batches to tensors and hands a user's ``collate_fn`` the samples of each local micro-batch (in the
+consuming process, where the rank's lanes meet); nothing else.
 """
 from __future__ import annotations
 
@@ -127,9 +127,10 @@ class _RankStateMixin:
                 out.setdefault(k, v)
         return out
 
-    def _assembled(self, items):
+    def _assembled(self, bundles):
         # _build runs before the group counts as consumed: an exception in it (the user's collate_fn
         # included) loses nothing; the state is recorded as each result is handed to the loop.
+        items = (item for bundle in bundles for item in bundle)  # a worker's items of num_workers positions
         yield from self._session.ordered_groups(items, build=self._build)
 
     def _before_iter(self):

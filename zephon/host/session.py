@@ -21,7 +21,7 @@ from .agreement import StepAgreement, _dist, agreed_steps, padded_steps, short_s
 from .assembly import StepAssembly
 from .progress import Progress, initial_state
 from .ranks import rank_checkpoint, restorable
-from .workers import exit_with_parent, host_worker_runner, worker_lanes
+from .workers import bundled, exit_with_parent, host_worker_runner, worker_lanes
 
 log = logging.getLogger("zephon")
 
@@ -144,6 +144,19 @@ class RankSession:
                 yield {"dropped_rows": L.dropped_rows}, None
         finally:
             L.close()
+
+    def worker_bundles(self, num_workers: int = 0, worker_id: int = 0, positions: int = 1, items=None,
+                       **item_kwargs):
+        """This worker's items in lists of ``positions`` consecutive (step, micro-batch) positions of its lanes
+        (``workers.bundled``): what a host's worker hands over, one list per host item.
+        items: the worker's ``(meta, payload)`` items (default ``worker_items(num_workers, worker_id,
+        **item_kwargs)``), from this session's start."""
+        if items is None:
+            items = self.worker_items(num_workers, worker_id, **item_kwargs)
+        lanes = self.rank_lanes if num_workers == 0 else worker_lanes(self.rank_lanes, num_workers, worker_id)
+        L = self.plan
+        starts = {c.lane: c.position(L.rows_per_lane_step, L.batch.micro_batch_size) for c in self.start_cursors()}
+        return bundled(items, lanes, {lane: starts[lane] for lane in lanes}, positions)
 
     # -- consuming side ---------------------------------------------------------------------------
     def begin(self) -> None:

@@ -1,4 +1,5 @@
-"""A host loader worker's lanes (its part of a rank's lanes), its runner, and its end with the training process."""
+"""A host loader worker's lanes (its part of a rank's lanes), its runner, its items in bundles, and its end with the
+training process."""
 from __future__ import annotations
 
 import multiprocessing
@@ -28,6 +29,45 @@ def worker_lanes(lanes: list[int], num_workers: int, worker_id: int) -> list[int
         raise TopologyError(f"worker_id={worker_id} is outside [0, num_workers={n})")
     w = max(d for d in range(1, min(n, len(lanes)) + 1) if len(lanes) % d == 0) if lanes else 1
     return list(lanes[worker_id::w]) if worker_id < w else []
+
+
+def bundled(items, lanes, starts: dict, positions: int):
+    """One host worker's ``(meta, payload)`` items in lists of ``positions`` consecutive (step, micro-batch) positions.
+
+    A host moves each list as one item: torch's DataLoader pays a fixed cost per item in the training process (most of
+    its CPU per step at small steps), and with ``positions`` = its ``num_workers`` an item holds about one local
+    micro-batch of data, what ``prefetch_factor`` counts in torch's own loaders.
+    items: the worker's items, in its order (``RankSession.worker_items``: position, then lane). lanes: the worker's
+    lanes, in rank order. starts: ``{lane: (step, micro)}``, the first position each lane owes (they differ after a
+    mid-step restore). positions: >= 1. A position ends with the last item of the last lane due at it, or when an
+    item of a later position arrives (a lane that ended); items without a position (a finite stream's
+    ``dropped_rows``) stay where they are. The input is closed when this generator is."""
+    latest = max(starts.values(), default=(0, 0))
+    bundle, done, current = [], 0, None
+    try:
+        for meta, payload in items:
+            pos = (meta["step"], meta["micro"]) if "step" in meta else None
+            if pos is not None and current is not None and pos != current:
+                done, current = done + 1, None  # the previous position ended without its last lane
+            if done == positions:
+                yield bundle
+                bundle, done = [], 0
+            bundle.append((meta, payload))
+            if pos is None:
+                continue
+            current = pos
+            last_lane = lanes[-1] if pos >= latest else [lane for lane in lanes if starts[lane] <= pos][-1]
+            if meta["last"] and meta["lane"] == last_lane:
+                done, current = done + 1, None
+                if done == positions:
+                    yield bundle
+                    bundle, done = [], 0
+        if bundle:
+            yield bundle
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
 
 
 # The core runner of a host worker's Loader when the adapter's user names none. One worker thread, so the core's
