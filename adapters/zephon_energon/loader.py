@@ -1,6 +1,7 @@
 """``get_savable_loader`` / ``get_loader``: torch DataLoaders over an ``EnergonDataset``.
 
-DataLoader workers each iterate their lanes (part of the rank's) and send ``(meta, batch)`` pairs; the
+DataLoader workers each iterate their lanes (part of the rank's) and send ``(meta, batch)`` pairs, a list per
+(step, micro-batch); the
 dataset's ``zephon.host.RankSession`` puts them back in the rank's order (step, micro-batch, lane), agrees
 with the other ranks where a finite pass ends, and records each lane's checkpoint entry as its batch is
 handed to the training loop. ``save_state_rank()`` is therefore exactly what was consumed, independent of
@@ -21,11 +22,10 @@ from ._state import check_state, epoch_offset, merged_state
 from .dataset import EnergonDataset, RefusedKeyword
 
 
-def _convert(item):
-    """What Energon's DataLoader (``batch_size=None``) does to each item: ``default_convert`` (numpy
-    arrays become tensors); the bookkeeping ``meta`` passes untouched."""
-    meta, payload = item
-    return meta, default_convert(payload) if payload is not None else None
+def _convert(bundle):
+    """What Energon's DataLoader (``batch_size=None``) does to each item, to each batch of a worker's bundle:
+    ``default_convert`` (numpy arrays become tensors); the bookkeeping ``meta`` passes untouched."""
+    return [(meta, default_convert(payload) if payload is not None else None) for meta, payload in bundle]
 
 
 def _worker_init(_worker_id: int) -> None:
@@ -71,7 +71,8 @@ class _ZephonLoaderBase(torch.utils.data.DataLoader):
         self._session.begin()
         if self.num_workers:
             gc.collect()  # as Energon: no dead DataLoader iterators in the forked workers (their __del__ runs there)
-        yield from self._session.ordered_items(torch.utils.data.DataLoader.__iter__(self))
+        bundles = torch.utils.data.DataLoader.__iter__(self)  # one per worker and (step, micro-batch)
+        yield from self._session.ordered_items(item for bundle in bundles for item in bundle)
 
     def _take(self, limit=None, restart_finished: bool = False):
         """Yield up to ``limit`` batches from the live rank stream (started on demand); the session records

@@ -10,8 +10,8 @@ It is a torch ``IterableDataset`` holding one data-parallel rank's Zephon pipeli
       -> tail: ``batch_size`` rows of one lane per micro-batch (``batch_drop_last``) [Batch]
       -> ``task_encoder.batch`` + ``encode_batch`` on that lane micro-batch.
 
-Iterated by a DataLoader worker it runs that worker's lanes and yields ``(meta, batch)``
-pairs whose ``meta`` carries the lane's checkpoint entry (``zephon.host.RankSession.worker_items``); the
+Iterated by a DataLoader worker it runs that worker's lanes and yields lists of ``(meta, batch)``
+pairs whose ``meta`` carries the lane's checkpoint entry (``zephon.host.RankSession.worker_bundles``); the
 loaders of this package (``get_savable_loader``) put the lanes back in the rank's order, agree where a
 finite pass ends and keep the consumed state through the same session.
 """
@@ -75,15 +75,18 @@ class EnergonDataset(IterableDataset):
                         "limit (val): packing, SkipSample and generator hooks change it")
 
     def __iter__(self):
-        """This process's lanes (a DataLoader worker's, or all of them without workers):
-        ``(meta, payload)`` items of ``RankSession.worker_items``, payloads from ``_finish``."""
+        """This process's lanes (a DataLoader worker's, or all of them without workers): lists of ``(meta, payload)``
+        items of ``RankSession.worker_items``, one list per (step, micro-batch) (``RankSession.worker_bundles``: one
+        DataLoader item carries every lane of the worker), payloads from ``_finish``."""
         info = get_worker_info()
         W, w = (0, 0) if info is None else (info.num_workers, info.id)
         self._since_gc = 0
-        # inline, not the hosts' read-ahead default: Energon's worker context is process-wide, so hooks run one at a
-        # time under a lock, and a garbage collection inside a hook that closes another loader waits for that
-        # loader's threads, which wait for the lock (a deadlock, seen in tests/test_energon_adapter.py).
-        yield from self.session.worker_items(W, w, finish=self._finish, runner="inline")
+        # In a DataLoader worker, the hosts' read-ahead runner (zephon.host.workers.HOST_WORKER_RUNNER): a lane that
+        # starts a chunk fills its shuffle buffer ahead of the batch that waits on it. In the main process, inline:
+        # Energon's worker context is process-wide, so hooks run one at a time under a lock, and a garbage collection
+        # inside a hook that closes another loader of the process waits for that loader's threads, which wait for the
+        # lock (a deadlock, seen in tests/test_energon_adapter.py). A forked worker holds no other loader's threads.
+        yield from self.session.worker_bundles(W, w, finish=self._finish, runner="inline" if W == 0 else None)
 
     def _finish(self, mb) -> list:
         """A lane micro-batch -> what the loader yields: the sample (``batch_size=None``) or
