@@ -44,17 +44,20 @@ def test_bundles_are_whole_consecutive_positions(case):
     lanes, starts, items, per = case
     out = list(bundled(iter(items), lanes, starts, per))
     assert [it for b in out for it in b] == items  # nothing lost, repeated or moved
-    # expected: the positions in order of first appearance, cut into runs of `per`
+    # expected: the first position's items one by one, then the later positions (in order of first appearance)
+    # cut into runs of `per`
     order = list(dict.fromkeys((m["step"], m["micro"]) for m, _ in items if "step" in m))
-    runs = [order[i:i + per] for i in range(0, len(order), per)]
+    first = [[order[0]]] * sum(1 for m, _ in items if (m.get("step"), m.get("micro")) == order[0]) if order else []
+    runs = first + [order[i:i + per] for i in range(1, len(order), per)]
     got = [list(dict.fromkeys((m["step"], m["micro"]) for m, _ in b if "step" in m)) for b in out]
     got = [g for g in got if g]  # a trailing list may hold only the end marker
     assert got == runs
 
 
 def test_a_bundle_goes_out_with_its_last_item():
-    """The list is handed over as soon as its last position's last lane delivered, not when the next item arrives:
-    the worker computes nothing more for it (what makes the first batch wait)."""
+    """The first position's items go one by one (a host batch may be one lane's: the first waits for one lane);
+    a list is handed over as soon as its last position's last lane delivered, not when the next item arrives (the
+    worker computes nothing more for it)."""
     lanes, starts = [1, 3], {1: (0, 0), 3: (0, 0)}
     pulled = []
 
@@ -65,9 +68,11 @@ def test_a_bundle_goes_out_with_its_last_item():
                 yield {"step": step, "micro": 0, "lane": lane, "last": True}, None
 
     b = bundled(items(), lanes, starts, 2)
-    first = next(b)
-    assert [(m["step"], m["lane"]) for m, _ in first] == [(0, 1), (0, 3), (1, 1), (1, 3)]
-    assert pulled == [(0, 1), (0, 3), (1, 1), (1, 3)]
+    assert [[(m["step"], m["lane"]) for m, _ in next(b)] for _ in range(2)] == [[(0, 1)], [(0, 3)]]  # one by one
+    assert pulled == [(0, 1), (0, 3)]
+    second = next(b)
+    assert [(m["step"], m["lane"]) for m, _ in second] == [(1, 1), (1, 3), (2, 1), (2, 3)]
+    assert pulled == [(0, 1), (0, 3), (1, 1), (1, 3), (2, 1), (2, 3)]
     b.close()
 
 
@@ -88,8 +93,8 @@ def _session(text_dir):
 @pytest.mark.parametrize("positions", [1, 2, 3])
 def test_worker_bundles_hold_the_workers_items_in_order(text_dir, positions):
     """A real session's worker share (2 workers, 4 lanes each, 2 micro-batches per lane step), restored mid-step:
-    the bundles flatten to the items the worker yields one by one, each list holding ``positions`` positions of all
-    four lanes."""
+    the bundles flatten to the items the worker yields one by one; after the first position's items (one by one) each
+    list holds ``positions`` positions of all four lanes."""
     ref_session = _session(text_dir)
     ref_session.begin()
     seen = []
@@ -107,8 +112,10 @@ def test_worker_bundles_hold_the_workers_items_in_order(text_dir, positions):
     bundles = [[(m, list(p["text"]) if p is not None else None) for m, p in b]
                for b in session.worker_bundles(2, 1, positions, runner="inline")]
     assert [it for b in bundles for it in b] == one_by_one
-    lanes = [1, 3, 5, 7]
-    for b in bundles[1:-1]:  # after the restored (ragged) first one: whole positions of every lane
+    # worker 1's lanes 1, 3, 5, 7: lanes 5 and 7 still owe (step 1, micro 1), one item each, alone; then lists of
+    # `positions` whole positions of all four lanes (the last may hold fewer)
+    assert [[(m["step"], m["micro"], m["lane"]) for m, _ in b] for b in bundles[:2]] == [[(1, 1, 5)], [(1, 1, 7)]]
+    for b in bundles[2:-1]:
         pos = list(dict.fromkeys((m["step"], m["micro"]) for m, _ in b if "step" in m))
         assert len(pos) == positions
-        assert sorted(m["lane"] for m, _ in b if "step" in m) == sorted(lanes * positions)
+        assert [m["lane"] for m, _ in b if "step" in m] == [1, 3, 5, 7] * positions

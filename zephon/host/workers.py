@@ -41,12 +41,18 @@ def bundled(items, lanes, starts: dict, positions: int):
     lanes, in rank order. starts: ``{lane: (step, micro)}``, the first position each lane owes (they differ after a
     mid-step restore). positions: >= 1. A position ends with the last item of the last lane due at it, or when an
     item of a later position arrives (a lane that ended); items without a position (a finite stream's
-    ``dropped_rows``) stay where they are. The input is closed when this generator is."""
+    ``dropped_rows``) stay where they are. The first position's items go one list each: where one lane's
+    micro-batch is a host batch (Energon's), the first batch then waits for one lane, not for all of the worker's.
+    The input is closed when this generator is."""
     latest = max(starts.values(), default=(0, 0))
-    bundle, done, current = [], 0, None
+    bundle, done, current, first = [], 0, None, None
     try:
         for meta, payload in items:
             pos = (meta["step"], meta["micro"]) if "step" in meta else None
+            if pos is not None and first in (None, pos):
+                first = pos
+                yield [(meta, payload)]
+                continue
             if pos is not None and current is not None and pos != current:
                 done, current = done + 1, None  # the previous position ended without its last lane
             if done == positions:
