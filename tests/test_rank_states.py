@@ -186,3 +186,46 @@ def test_a_rank_state_of_another_topology_names_the_old_ranks_needed(corpus):
     # a rank's own state that holds the lanes of a rank at another dp restores as is (dp 4 rank 3 -> dp 8 rank 7)
     own = rank_checkpoint(e3["state"], 4, 3)
     assert restorable(own, plan.for_rank(8, 7)) is own
+
+
+def test_rank_states_of_different_saves_are_refused(corpus, tmp_path):
+    """A rank's state left from an earlier save (rank 1 saved at step 2, rank 0 at step 9: a rank died while saving
+    over fixed rank-{r}.json paths) is refused, whether merged (``merge_states``), restored from a list, or read
+    from a directory at the same dp (each rank then needs only its own file: the next old rank's entry is read to
+    check). States one step apart (a rank interrupted inside the next step) still merge."""
+    from zephon.host import RankSession
+
+    plan = base_plan(corpus, 8)
+    early, _ = save_all(plan, 2, 2)
+    late, _ = save_all(plan, 2, 9)
+    mixed = {0: json.loads(late[0]), 1: json.loads(early[1])}
+    with pytest.raises(CheckpointError, match=r"different saves: state 1 is at step 2 and state 0 at step 9"):
+        merge_states([mixed[0]["state"], mixed[1]["state"]])
+    with pytest.raises(CheckpointError, match="different saves"):
+        RankSession(plan).load([mixed[0]["state"], mixed[1]["state"]])  # a host's restore of a list
+    d = tmp_path / "mixed"
+    d.mkdir()
+    for r, e in mixed.items():
+        (d / f"rank-{r}.json").write_text(json.dumps(e))
+    for new_rank in (0, 1):
+        saved = SavedRanks.from_directory(str(d))
+        with pytest.raises(CheckpointError, match=r"old rank 1's entry is at step 2 and old rank 0's entry at step "
+                                                  r"9 \(7 steps apart"):
+            restorable(saved, plan.for_rank(2, new_rank))
+        assert saved.read == [new_rank] and saved.checked == [1 - new_rank]
+    # one step apart (rank 1 a step ahead): one save, merged and restored
+    ahead, _ = save_all(plan, 2, 3)
+    merged = merge_states([json.loads(early[0])["state"], json.loads(ahead[1])["state"]])
+    assert merged["step"] == 2
+
+
+def test_a_missing_rank_file_is_named(corpus, tmp_path):
+    """The last rank's file gone (a save at dp 2 with only rank-0.json left): the error names the missing file,
+    not a topology mismatch."""
+    plan = base_plan(corpus, 8)
+    store, _ = save_all(plan, 2, 2)
+    (tmp_path / "rank-0.json").write_bytes(store[0])
+    saved = SavedRanks.from_directory(str(tmp_path))
+    with pytest.raises(CheckpointError, match=r"rank-0\.json was saved at dp 2, but .* holds 1 per-rank entries "
+                                              r"\(rank-\{rank\}\.json\): missing \['rank-1\.json'\]"):
+        restorable(saved, plan.for_rank(4, 0))

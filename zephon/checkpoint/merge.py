@@ -3,6 +3,11 @@ from __future__ import annotations
 
 from .schema import CheckpointError, LaneCursor, lane_ranges, make_state, validate
 
+#: The most steps the lanes of one save of an endless stream lie apart. A rank's lanes are within one micro-batch of
+#: each other, and data-parallel ranks step together: one may have taken the next step's micro-batches (a host that
+#: fetches a batch ahead) before the others finished theirs. Further apart, the states come from different saves.
+MAX_STEP_SPREAD = 2
+
 
 def merge_states(states, *, complete: bool = True) -> dict:
     """Merge per-rank checkpoints into one global checkpoint that any dp_degree can restore.
@@ -35,6 +40,7 @@ def merge_states(states, *, complete: bool = True) -> dict:
     missing = sorted(set(range(r)) - set(merged)) if complete else []
     if missing:
         raise CheckpointError(f"merged checkpoint lacks lanes {lane_ranges(missing)} of {r}: a rank's state is missing")
+    check_step_spread(states)
     return make_state(first["fingerprint"], first["config"], r, first["rows_per_lane_step"], list(merged.values()))
 
 
@@ -70,3 +76,32 @@ def _conflict(lane: int, i: int, a: dict, k: int, b: dict, rows_per_lane_step: i
             "they are at the same row but their cursors differ (states of two different runs?)")
     return (f"lane {lane} is in rank states {i} and {k} (positions in the list merged) with different content: "
             f"state {i} has {where(a)}, state {k} has {where(b)}; {hint}")
+
+
+def check_step_spread(states, names=None) -> None:
+    """Refuse rank states of an endless stream from different saves (a rank's file left from an earlier checkpoint,
+    a rank that died while saving): their lanes lie more than ``MAX_STEP_SPREAD`` steps apart. A finite pass is not
+    checked (a lane that ended stays behind the others).
+
+    states: validated checkpoints of one config. names: what to call each in the message (default ``state i``,
+    its position in the list). Raises ``CheckpointError`` naming the two furthest apart and their steps."""
+    if len(states) < 2 or (states[0].get("config", {}).get("work") or {}).get("exhaustion") != "repeat":
+        return
+    names = names or [f"state {i}" for i in range(len(states))]
+    spans = []
+    for s in states:
+        rps = s["rows_per_lane_step"]
+        steps = [e["delivered_rows"] // rps for e in s["lanes"]]
+        if steps:
+            spans.append((min(steps), max(steps)))
+        else:
+            spans.append(None)
+    known = [(sp, n) for sp, n in zip(spans, names) if sp is not None]
+    if not known:
+        return
+    (lo, lo_name), (hi, hi_name) = min(known, key=lambda t: t[0][0]), max(known, key=lambda t: t[0][1])
+    if hi[1] - lo[0] > MAX_STEP_SPREAD:
+        raise CheckpointError(f"rank states from different saves: {lo_name} is at step {lo[0]} and {hi_name} at step "
+                              f"{hi[1]} ({hi[1] - lo[0]} steps apart; the ranks of one save of an endless stream are "
+                              f"at most {MAX_STEP_SPREAD} apart). A rank's state was left from an earlier checkpoint, "
+                              f"or a rank failed while saving: restore a save every rank completed")

@@ -16,6 +16,7 @@ import os
 import re
 
 from ..checkpoint import AggregationError, CheckpointError, canonical_json, merge_states
+from ..checkpoint.merge import check_step_spread
 from ..checkpoint.torch_dist import decode_payloads, exchange_payloads
 from ..work.lanes import check_topology, lane_share, lanes_for_rank
 from .agreement import _dist, _vote_group
@@ -65,18 +66,29 @@ def save_rank_state(state: dict, dp_degree: int, dp_rank: int, lane_assignment: 
 
 
 def load_rank_states(read_entry, saved_dp: int, new_dp: int, new_rank: int, canonical_replicas: int, *,
-                     saved_assignment: str = "contiguous", new_assignment: str = "contiguous") -> dict:
+                     saved_assignment: str = "contiguous", new_assignment: str = "contiguous",
+                     check_entry=None) -> dict:
     """The checkpoint rank ``new_rank`` of ``new_dp`` restores from, read from only the entries it needs.
 
     read_entry: ``read_entry(old_rank) -> dict``, the entry ``save_rank_state`` made on ``old_rank`` (from a
     file, a DCP key, a dict); called once per rank of ``rank_entries_needed``, never for another.
     saved_dp, new_dp, new_rank, canonical_replicas, saved_assignment, new_assignment: as
-    ``rank_entries_needed``. Returns a Zephon checkpoint holding (at least) the lanes the new rank owns, for
-    ``Loader.restore`` / ``RankSession(state=...)``. Raises ``CheckpointError`` naming the old rank whose entry
-    is not a rank entry, was saved at another topology, lacks a lane it should hold, or conflicts."""
+    ``rank_entries_needed``. check_entry: like ``read_entry``, called for one more old rank (the next one, when the
+    new rank's lanes do not need them all) to check the entries come from one save (``check_step_spread``: a rank's
+    file left from an earlier checkpoint); None: no such read. Returns a Zephon checkpoint holding (at least) the
+    lanes the new rank owns, for ``Loader.restore`` / ``RankSession(state=...)``. Raises ``CheckpointError``
+    naming the old rank whose entry is not a rank entry, was saved at another topology, lacks a lane it should
+    hold, conflicts, or lies steps away from another's."""
     old_ranks = rank_entries_needed(saved_dp, new_dp, new_rank, canonical_replicas,
                                     saved_assignment=saved_assignment, new_assignment=new_assignment)
     states = [_checked(read_entry(r), r, saved_dp, saved_assignment) for r in old_ranks]
+    names = [f"old rank {r}'s entry" for r in old_ranks]
+    other = (max(old_ranks) + 1) % saved_dp
+    if check_entry is not None and other not in old_ranks:
+        check_step_spread(states + [_checked(check_entry(other), other, saved_dp, saved_assignment)],
+                          names + [f"old rank {other}'s entry"])
+    else:
+        check_step_spread(states, names)
     merged = merge_states(states, complete=False)
     have = {e["lane"] for e in merged["lanes"]}
     lacking = [lane for lane in lanes_for_rank(canonical_replicas, new_dp, new_rank, new_assignment)
@@ -96,6 +108,14 @@ def rank_checkpoint(state: dict, dp_degree: int, dp_rank: int, lane_assignment: 
     for a state that is not a Zephon checkpoint, ``TopologyError`` for an impossible topology."""
     entry = save_rank_state(state, dp_degree, dp_rank, lane_assignment)
     return dict(state, saved_at={k: entry[k] for k in ("dp_degree", "dp_rank", "lane_assignment")})
+
+
+def _saved_dp(entry):
+    """The dp degree an entry (``save_rank_state``'s or ``rank_checkpoint``'s) says it was saved at, or None."""
+    if not isinstance(entry, dict):
+        return None
+    saved = entry.get("saved_at")
+    return saved.get("dp_degree") if isinstance(saved, dict) else entry.get("dp_degree")
 
 
 def _checked(entry, old_rank: int, saved_dp: int, saved_assignment: str) -> dict:
@@ -122,7 +142,8 @@ class SavedRanks:
         read_entry: ``read_entry(old_rank) -> dict``, the entry ``save_rank_state`` made on ``old_rank``.
         saved_dp: the dp degree of the save (entries ``0 .. saved_dp - 1``).
         lane_assignment: the saved loader's (``"contiguous"`` or ``"interleaved"``).
-    ``read`` lists the old ranks read so far. ``from_directory`` reads JSON entry files.
+    ``read`` lists the old ranks read so far for their lanes, ``checked`` the one more read to check that the
+    entries come from one save (``load_rank_states``' ``check_entry``). ``from_directory`` reads JSON entry files.
     Raises ValueError for a ``saved_dp`` that is not an int >= 1."""
 
     def __init__(self, read_entry, saved_dp: int, lane_assignment: str = "contiguous"):
@@ -130,6 +151,7 @@ class SavedRanks:
             raise ValueError(f"saved_dp must be an int >= 1, got {saved_dp!r}")
         self._read_entry, self.saved_dp, self.lane_assignment = read_entry, saved_dp, lane_assignment
         self.read: list[int] = []
+        self.checked: list[int] = []
 
     @classmethod
     def from_directory(cls, directory, pattern: str = "rank-{rank}.json", lane_assignment: str = "contiguous"):
@@ -155,19 +177,31 @@ class SavedRanks:
             path = os.path.join(directory, pattern.format(rank=old_rank))
             try:
                 with open(path) as fh:
-                    return json.load(fh)
+                    entry = json.load(fh)
             except ValueError as e:
                 raise CheckpointError(f"old rank {old_rank}'s entry {path} is not JSON: {e}") from None
+            dp = _saved_dp(entry)
+            if isinstance(dp, int) and dp > len(ranks):  # the last ranks' files are gone: the count says less
+                names = [pattern.format(rank=r) for r in range(len(ranks), dp)][:8]
+                raise CheckpointError(f"{path} was saved at dp {dp}, but {directory} holds {len(ranks)} per-rank "
+                                      f"entries ({pattern}): missing {names}")
+            return entry
         return cls(read_file, len(ranks), lane_assignment)
 
     def state_for(self, new_dp: int, new_rank: int, canonical_replicas: int,
                   new_assignment: str = "contiguous") -> dict:
-        """``load_rank_states`` over these entries for rank ``new_rank`` of ``new_dp`` (recording ``read``)."""
+        """``load_rank_states`` over these entries for rank ``new_rank`` of ``new_dp`` (recording ``read`` and
+        ``checked``)."""
         def read_entry(old_rank: int) -> dict:
             self.read.append(old_rank)
             return self._read_entry(old_rank)
+
+        def check_entry(old_rank: int) -> dict:
+            self.checked.append(old_rank)
+            return self._read_entry(old_rank)
         return load_rank_states(read_entry, self.saved_dp, new_dp, new_rank, canonical_replicas,
-                                saved_assignment=self.lane_assignment, new_assignment=new_assignment)
+                                saved_assignment=self.lane_assignment, new_assignment=new_assignment,
+                                check_entry=check_entry)
 
 
 def restorable(obj, plan):
