@@ -90,3 +90,49 @@ def test_workers_end_when_the_training_process_is_killed(tmp_path, tokenizer_pat
                 os.kill(p, signal.SIGKILL)
             except OSError:
                 pass
+
+
+STREAMING_CHILD = textwrap.dedent("""
+    import sys, time
+    from torch.utils.data import DataLoader
+    from zephon_streaming import StreamingDataset
+    ds = StreamingDataset(local=sys.argv[1], batch_size=4, channel_dir=sys.argv[2])
+    it = iter(DataLoader(ds, batch_size=4, num_workers=2))
+    next(it), next(it)
+    print("ready", flush=True)
+    time.sleep(600)  # killed long before
+""")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="pid namespaces from /proc")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_training_process_leaves_no_side_channel_behind(tmp_path, sig):
+    """zephon_streaming's private directory (side channel, step exchange) of a training process killed with SIGKILL
+    or SIGTERM (how torchrun stops the other ranks when one fails) runs no cleanup; the next dataset made removes
+    it, and leaves the directory of a live process alone. Oracle: the directory listing."""
+    pytest.importorskip("streaming")
+    from streaming import MDSWriter
+
+    data, channels = tmp_path / "mds", tmp_path / "channels"
+    channels.mkdir()
+    with MDSWriter(out=str(data), columns={"text": "str"}) as w:
+        for i in range(64):
+            w.write({"text": f"sample {i}"})
+    child = subprocess.Popen([sys.executable, "-c", STREAMING_CHILD, str(data), str(channels)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        left = os.listdir(channels)
+        assert len(left) == 1 and left[0].startswith("zephon-streaming-"), left
+        child.send_signal(sig)
+        child.wait(30)
+    finally:
+        child.kill()
+        child.wait()
+    assert os.listdir(channels) == left  # nothing ran on the way out
+    from zephon_streaming import StreamingDataset
+
+    live = StreamingDataset(local=str(data), batch_size=4, channel_dir=str(channels))
+    assert os.listdir(channels) == [os.path.basename(live._channel.root)]  # the orphan is gone
+    StreamingDataset(local=str(data), batch_size=4, channel_dir=str(channels))
+    assert os.path.basename(live._channel.root) in os.listdir(channels)  # a live owner's is kept

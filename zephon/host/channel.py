@@ -7,7 +7,8 @@ main process reads the entries of the step the host names. The channel also reco
 which pass (a *claim*), and a state loaded into the main process until the next ``__iter__`` takes it (exactly
 once), so every worker of one iteration agrees on both, persistent or not.
 
-Files: ``claims.json`` (the claim table, updated under ``flock``), ``current.json`` (the claim a main process made
+Files: ``owner.json`` (the process that made the directory, ``private_dir``), ``claims.json`` (the claim table,
+updated under ``flock``), ``current.json`` (the claim a main process made
 for its workers), ``e<pass>/s<step>.json`` (the rank's lane entries after a step). Every write is atomic
 (``formats.fileio.atomic_write``). Nothing here decides order: it carries checkpoint entries the core produced.
 """
@@ -21,7 +22,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 
-from ..formats.fileio import atomic_write
+from ..formats.fileio import atomic_write, pid_alive
 
 #: Claims kept in the table (older iterations are never asked for again).
 KEEP_ITERATIONS = 16
@@ -35,7 +36,9 @@ def private_dir(prefix: str, base: str | None = None) -> str:
 
     prefix: the directory name's start. base: where to create it; None: ``/dev/shm`` when it exists, is
     writable and has ``MIN_TMPFS_FREE`` bytes free (files there never touch a disk), else the system temp dir.
-    Raises OSError when the directory cannot be created."""
+    The directory records its owner (``owner.json``: pid and pid namespace); making one first removes the
+    directories of ``prefix`` left by owners that are gone (a training process killed with SIGKILL or SIGTERM
+    runs no cleanup). Raises OSError when the directory cannot be created."""
     if base is None and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
         try:
             st = os.statvfs("/dev/shm")
@@ -43,7 +46,39 @@ def private_dir(prefix: str, base: str | None = None) -> str:
                 base = "/dev/shm"
         except OSError:  # no statvfs (not POSIX) or an unusual mount: the temp dir is always right
             pass
-    return tempfile.mkdtemp(prefix=prefix, dir=base)
+    base = base or tempfile.gettempdir()
+    sweep_orphans(base, prefix)
+    d = tempfile.mkdtemp(prefix=prefix, dir=base)
+    write_json(os.path.join(d, "owner.json"), {"pid": os.getpid(), "pid_ns": _pid_namespace()})
+    return d
+
+
+def _pid_namespace():
+    """This process's pid namespace (an inode number), or None without procfs: a pid means a process only in it."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def sweep_orphans(base: str, prefix: str) -> None:
+    """Remove the ``private_dir`` directories of ``prefix`` in ``base`` whose owner process is gone. A directory
+    without an owner record (being made, or by an older version) or owned in another pid namespace (another
+    container sharing ``/dev/shm``: its pids mean nothing here) is left alone."""
+    ns = _pid_namespace()
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        d = os.path.join(base, name)
+        try:
+            owner = read_json(os.path.join(d, "owner.json"))
+            pid = int(owner["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if ns is not None and owner.get("pid_ns") == ns and not pid_alive(pid):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def write_json(path: str, obj) -> None:
