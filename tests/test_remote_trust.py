@@ -151,3 +151,23 @@ def test_two_streams_sharing_local_are_refused(s3, pair, tmp_path):
     with pytest.raises(zr.RemoteError) as e:
         StreamingDataset(streams=[Stream(remote=ua, local=local), Stream(remote=ub, local=local)], batch_size=4)
     assert ua in str(e.value) and ub in str(e.value)
+
+
+def test_a_local_folder_holding_a_dataset_of_its_own_is_warned_about(s3, pair, tmp_path):
+    """``local=`` naming a folder where the user wrote a dataset (not downloaded by Zephon): the remote's files of
+    the same names replace it, so the first open warns, naming the folder and files; a folder bound before does not
+    warn again, and an empty one never does."""
+    import warnings
+
+    from zephon.formats import DataWarning
+
+    url = s3.upload_dir(pair[(0, ())], "w")
+    local = tmp_path / "mine"
+    shutil.copytree(pair[(B_BASE, ())], local)
+    with pytest.warns(DataWarning, match=r"already holds files Zephon did not download \(index\.json"):
+        ds = open_dataset(url, local=str(local))
+    assert ids(ds) == A_IDS  # the remote's bytes, not the folder's
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        open_dataset(url, local=str(local))
+        open_dataset(url, local=str(tmp_path / "empty"))

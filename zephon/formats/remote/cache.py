@@ -25,6 +25,7 @@ import re
 import secrets
 import threading
 import time
+import warnings
 from typing import Iterator
 
 try:
@@ -32,6 +33,7 @@ try:
 except ImportError:  # pragma: no cover - not POSIX: one process per cache directory
     fcntl = None
 
+from ..errors import DataWarning
 from ..fileio import atomic_writer, pid_alive
 from .errors import RemoteError
 from .manifest import CacheConflict, Manifest
@@ -151,11 +153,27 @@ class LocalCache:
             data = self.manifest.load()
             if data.get("remote") in (None, remote):
                 if data.get("remote") is None:
+                    self._warn_foreign(remote)
                     self.manifest.save(dict(data, remote=remote))
                 return
         raise CacheConflict(remote, f"the cache folder {self.root} already holds {data['remote']}; a cache "
                                     f"folder serves one remote source (give each dataset its own local=, or "
                                     f"leave local unset for a folder per URL)")
+
+    def _warn_foreign(self, remote: str) -> None:
+        """At a folder's first binding: warn when it already holds files of its own (a dataset written there, e.g. by
+        ``MDSWriter``), since files of the same names from ``remote`` replace them (Mosaic's ``local`` is a cache
+        too, but reads what it finds). Folders in it (datasets kept under the cache) are never touched."""
+        try:
+            names = sorted(n for n in os.listdir(self.root)
+                           if not n.startswith(".") and os.path.isfile(os.path.join(self.root, n)))
+        except OSError:
+            return
+        if names:
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            warnings.warn(f"the cache folder {self.root} for {remote} already holds files Zephon did not download "
+                          f"({shown}): files of the same names are replaced by the remote's; give local= an empty "
+                          f"or dedicated folder to keep them", DataWarning, stacklevel=4)
 
     def entry(self, rel: str) -> dict | None:
         """The manifest entry of cached file ``rel`` (None: not owned by the cache)."""
