@@ -323,3 +323,25 @@ def test_deep_checks_the_text_field_of_every_sample(tmp_path, capsys):
     assert "3 of 3 shards bad" in err
     rc, out, err = _inspect(capsys, str(d), "--deep", "--field", "body")
     assert rc == 0 and "all OK" in out
+
+
+def test_a_shard_the_store_never_answers_for_is_unreachable_not_bad(s3, mds_dir, tmp_path, capsys, monkeypatch):
+    """A network failure is not bad data (docs/remote.md): the shard whose GET is swallowed by the proxy is
+    reported unreachable with its object URL and the error; the exit code (3) says the data could not be checked."""
+    from s3_server import FaultProxy
+
+    url = s3.upload_dir(mds_dir, "mds")
+    shards = _index(mds_dir)
+    hung = shards[1]["raw_data"]["basename"]
+    proxy = FaultProxy(s3.endpoint)
+    proxy.hang_if = hung
+    monkeypatch.setenv("S3_ENDPOINT_URL", proxy.endpoint)
+    try:
+        rc, out, err = _inspect(capsys, url, "--local", str(tmp_path / "c"), "--download-timeout", "1",
+                                "--download-retry", "0")
+    finally:
+        proxy.close()
+    assert rc == 3, err
+    assert "bad" not in err.replace("not bad data", "")
+    assert f"1 of {len(shards)} shards could not be checked" in err and f"{url}/{hung}" in err
+    assert "UNREACHABLE" in out and out.count("  OK") == len(shards) - 1
