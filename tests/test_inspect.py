@@ -345,3 +345,26 @@ def test_a_shard_the_store_never_answers_for_is_unreachable_not_bad(s3, mds_dir,
     assert "bad" not in err.replace("not bad data", "")
     assert f"1 of {len(shards)} shards could not be checked" in err and f"{url}/{hung}" in err
     assert "UNREACHABLE" in out and out.count("  OK") == len(shards) - 1
+
+
+def test_a_cache_limit_smaller_than_a_shard_is_a_usage_error_before_any_shard_is_read(s3, mds_dir, tmp_path,
+                                                                                      capsys, monkeypatch):
+    """`--cache-limit 10` cannot hold any shard: one usage error (exit 2) naming the flag and what a shard
+    needs, not "N of N shards bad"; no shard object is fetched (the proxy's request log)."""
+    from s3_server import FaultProxy
+
+    url = s3.upload_dir(mds_dir, "mds")
+    shards = _index(mds_dir)
+    proxy = FaultProxy(s3.endpoint)
+    monkeypatch.setenv("S3_ENDPOINT_URL", proxy.endpoint)
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(["inspect", url, "--local", str(tmp_path / "c"), "--cache-limit", "10", "--no-progress"])
+    finally:
+        proxy.close()
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and "usage: zephon inspect" in err and "shards bad" not in err
+    first = shards[0]["raw_data"]
+    assert f"--cache-limit 10: {url}/{first['basename']}: needs {first['bytes']} bytes" in err, err
+    shard_gets = [p for m, p in proxy.requests if m == "GET" and p.endswith(".mds")]
+    assert shard_gets == []

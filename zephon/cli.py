@@ -149,6 +149,7 @@ def cmd_inspect(args) -> int:
     from .cli_formats import open_keywords, unopenable
     from .formats import DamagedIndexError, DataError, open_dataset
     from .formats.check import check_shard, summary
+    from .formats.remote import CacheFull
 
     _, kw = open_keywords(args, args.path)
     try:
@@ -167,8 +168,13 @@ def cmd_inspect(args) -> int:
               disable=args.no_progress or args.json, unit="sample" if args.deep else "shard") as bar:
         reports = []
         for i in range(len(ds.shards)):
-            reports.append(check_shard(ds, i, deep=args.deep, progress=bar.update if args.deep else None,
-                                       field=args.field))
+            try:
+                reports.append(check_shard(ds, i, deep=args.deep, progress=bar.update if args.deep else None,
+                                           field=args.field))
+            except CacheFull as e:  # raised before the download: a setting to change, the same for every shard
+                bar.close()
+                args.inspect_parser.error(f"--cache-limit {args.cache_limit}: {e}; give at least the size of the "
+                                  f"largest shard")
             if not args.deep:
                 bar.update(1)
     info = summary(ds, reports, args.deep)
@@ -288,6 +294,7 @@ def main_parser() -> argparse.ArgumentParser:
     insp.add_argument("--field", default="text", help=FIELD_HELP + "; --deep checks every sample holds it as text")
     insp.add_argument("--json", action="store_true")
     insp.add_argument("--no-progress", action="store_true")
+    insp.set_defaults(inspect_parser=insp)  # a usage error found after parsing (--cache-limit) shows this usage
     add_format_args(insp)
     cli_debug.add_parsers(sub, _pipeline_args, add_format_args)
     return parser
