@@ -368,3 +368,25 @@ def test_a_cache_limit_smaller_than_a_shard_is_a_usage_error_before_any_shard_is
     assert f"--cache-limit 10: {url}/{first['basename']}: needs {first['bytes']} bytes" in err, err
     shard_gets = [p for m, p in proxy.requests if m == "GET" and p.endswith(".mds")]
     assert shard_gets == []
+
+
+def test_energon_tar_missing_is_bad_data_named_like_a_missing_mds_shard(energon_root, tmp_path, capsys):
+    """A tar .nv-meta lists but the folder lacks is a bad dataset (exit 1 naming the tar), as a missing MDS shard
+    is (test above), not an argument error (exit 2)."""
+    root = shutil.copytree(energon_root, tmp_path / "text")
+    tars = sorted(f for f in os.listdir(root) if f.endswith(".tar"))
+    os.remove(os.path.join(root, tars[2]))
+    rc, _, err = _inspect(capsys, str(root))
+    assert rc == 1, err
+    assert os.path.join(root, tars[2]) in err and "missing" in err
+    assert "1 of the dataset's files does not open" in err and "zephon: error" not in err
+
+
+def test_energon_tar_missing_from_a_bucket_is_bad_data_named_by_url(s3, energon_root, tmp_path, capsys):
+    root = shutil.copytree(energon_root, tmp_path / "text")
+    tars = sorted(f for f in os.listdir(root) if f.endswith(".tar"))
+    os.remove(os.path.join(root, tars[1]))
+    url = s3.upload_dir(str(root), "text")
+    rc, _, err = _inspect(capsys, url, "--local", str(tmp_path / "c"))
+    assert rc == 1, err
+    assert f"{url}/{tars[1]}" in err and "missing" in err and "1 of the dataset's files does not open" in err
