@@ -123,3 +123,15 @@ def test_explain_names_where_a_concat_fragment_starts_in_its_document(dirs, toke
                 assert list(ids[a:b]) == full[s:e], (r, p)
                 cut += s > 0
         assert cut  # some rows start mid-document
+
+
+def test_a_checkpoint_that_is_not_json_is_named(dirs, tokenizer_path, tmp_path, capsys):
+    """`--checkpoint bad.json` said only "Expecting ',' delimiter": the file is named, with where JSON broke."""
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"lanes": {"0": 1} "config": {}}')
+    f = flags(dirs, tokenizer_path)
+    assert main(["explain", "4", "--checkpoint", str(bad), *f]) == 2
+    err = capsys.readouterr().err
+    assert f"--checkpoint {bad}: not valid JSON" in err and "line 1 column 20" in err, err
+    assert main(["diff", *f, "--against", "--seed 1", "--checkpoint", str(bad)]) == 2
+    assert f"--checkpoint {bad}: not valid JSON" in capsys.readouterr().err

@@ -62,10 +62,16 @@ def _plan(args):
 
 
 def _load(path: str | None):
+    """The ``--checkpoint`` file's JSON (None without one). Raises ``ValueError`` naming the file when it is not
+    JSON (OSError, naming it, when it does not open)."""
     if path is None:
         return None
     with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+        try:
+            return json.load(fh)
+        except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8: say which file
+            raise ValueError(f"--checkpoint {path}: not valid JSON (a checkpoint is the JSON a Loader's "
+                             f"checkpoint() returns): {e}") from None
 
 
 def format_explain(ex: dict, text: bool = False) -> str:
@@ -92,8 +98,8 @@ def cmd_explain(args) -> int:
     """Print every row of the global steps ``args.step`` (table, or ``--json``)."""
     from .engine.explain import explain, rows_are_pointers
 
+    state = _load(args.checkpoint)  # before the pipeline is built: a bad file fails at once
     plan = _plan(args)
-    state = _load(args.checkpoint)
     if args.skip and state is None:
         raise ValueError("--skip needs --checkpoint: a skip applies to a resume from that checkpoint")
     if args.skip:
@@ -114,10 +120,11 @@ def cmd_diff(args) -> int:
     documents moved per dataset (table, or ``--json``)."""
     from .engine.diff import compare_plans
 
+    state = _load(args.checkpoint)
     old = _plan(args)
     against = shlex.split(args.against)
     new = _plan(args.parser.parse_args(_without_against(args.argv, against) + against))
-    report = compare_plans(old, new, args.compare_steps, state=_load(args.checkpoint))
+    report = compare_plans(old, new, args.compare_steps, state=state)
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
