@@ -49,8 +49,9 @@ def _check_replay(args) -> None:
     bound = args.max_replay_steps
     if args.checkpoint is None and bound and last > bound:
         raise ValueError(f"explain {args.step} without --checkpoint replays every lane from step 0 to step {last} "
-                         f"(at about 0.07 s per step, as on the demo's 64 lanes: {last * 0.07 / 3600:,.1f} h): pass --checkpoint with a "
-                         f"checkpoint of the run at or before step {last}, or raise --max-replay-steps "
+                         f"(at about 0.07 s per step, as on the demo's 64 lanes: {last * 0.07 / 3600:,.1f} h): "
+                         f"pass --checkpoint with a checkpoint of the run at or before step {last}, or raise "
+                         f"--max-replay-steps "
                          f"({bound}; 0 = no bound)")
 
 
