@@ -287,7 +287,8 @@ def main_parser() -> argparse.ArgumentParser:
     _pipeline_args(verify, demo=False)
     add_format_args(verify)
     insp = sub.add_parser("inspect", help="formats, shards, sample counts, columns; checks every shard against "
-                                          "its index (exit 1 naming each bad shard)")
+                                          "its index (exit 1 naming each bad shard; 3 when none is bad but a "
+                                          "shard in a bucket could not be read)")
     insp.add_argument("path", help="dataset path: directory, glob, file, MDS or Energon root, or s3:// URL")
     insp.add_argument("--deep", action="store_true", help="also read (decode) every sample; name the first bad "
                                                           "sample of each shard")
