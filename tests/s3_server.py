@@ -84,6 +84,8 @@ class FaultProxy:
     ``bandwidth`` bytes/s per connection for responses, None: unlimited). Connections are served by daemon
     threads; ``close()`` stops listening and drops them. ``requests``: (method, path) of every request.
     target_endpoint None: no server behind, a plain socket server that accepts, reads and never answers.
+    hang_if: a substring of request paths (any mode): such a request is swallowed, never forwarded, so its
+    client waits for an answer that never comes (one object of a store that stops answering).
     benchmarks/latency.py uses it too.
     """
 
@@ -96,6 +98,7 @@ class FaultProxy:
             host, port = target_endpoint.rsplit("//", 1)[1].split(":")
             self.target = (host, int(port))
         self.mode, self.delay = mode, delay
+        self.hang_if: str | None = None
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
@@ -142,6 +145,8 @@ class FaultProxy:
                     self.requests.extend(seen)
                     if self.mode == "latency" and seen:
                         time.sleep(self.delay * len(seen))
+                    if self.hang_if and any(self.hang_if in path for _, path in seen):
+                        continue  # swallowed: this connection's client waits until its own timeout
                 elif self.bandwidth:
                     time.sleep(len(data) / self.bandwidth)
                 if response and self.mode == "hang":

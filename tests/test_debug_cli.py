@@ -123,3 +123,34 @@ def test_explain_names_where_a_concat_fragment_starts_in_its_document(dirs, toke
                 assert list(ids[a:b]) == full[s:e], (r, p)
                 cut += s > 0
         assert cut  # some rows start mid-document
+
+
+def test_a_checkpoint_that_is_not_json_is_named(dirs, tokenizer_path, tmp_path, capsys):
+    """`--checkpoint bad.json` said only "Expecting ',' delimiter": the file is named, with where JSON broke."""
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"lanes": {"0": 1} "config": {}}')
+    f = flags(dirs, tokenizer_path)
+    assert main(["explain", "4", "--checkpoint", str(bad), *f]) == 2
+    err = capsys.readouterr().err
+    assert f"--checkpoint {bad}: not valid JSON" in err and "line 1 column 20" in err, err
+    assert main(["diff", *f, "--against", "--seed 1", "--checkpoint", str(bad)]) == 2
+    assert f"--checkpoint {bad}: not valid JSON" in capsys.readouterr().err
+
+
+def test_explain_far_step_without_a_checkpoint_is_refused_at_once(dirs, tokenizer_path, capsys):
+    """`zephon explain 100000000` ran with no end in sight (killed after 120 s): it is refused before any work,
+    saying to pass --checkpoint; the bound is --max-replay-steps."""
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "zephon.cli", "explain", "100000000",
+                        *flags(dirs, tokenizer_path)], capture_output=True, text=True, timeout=60, env=env)
+    assert time.monotonic() - t0 < 60 and r.returncode == 2, r.stderr
+    assert "without --checkpoint" in r.stderr and "to step 100000000" in r.stderr and "--max-replay-steps" in r.stderr
+    assert main(["explain", "4", "--max-replay-steps", "3", *flags(dirs, tokenizer_path)]) == 2
+    assert "raise --max-replay-steps (3" in capsys.readouterr().err
+    assert main(["explain", "3", "--max-replay-steps", "3", "--json", *flags(dirs, tokenizer_path)]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == [3, 4]

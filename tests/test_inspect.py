@@ -323,3 +323,70 @@ def test_deep_checks_the_text_field_of_every_sample(tmp_path, capsys):
     assert "3 of 3 shards bad" in err
     rc, out, err = _inspect(capsys, str(d), "--deep", "--field", "body")
     assert rc == 0 and "all OK" in out
+
+
+def test_a_shard_the_store_never_answers_for_is_unreachable_not_bad(s3, mds_dir, tmp_path, capsys, monkeypatch):
+    """A network failure is not bad data (docs/remote.md): the shard whose GET is swallowed by the proxy is
+    reported unreachable with its object URL and the error; the exit code (3) says the data could not be checked."""
+    from s3_server import FaultProxy
+
+    url = s3.upload_dir(mds_dir, "mds")
+    shards = _index(mds_dir)
+    hung = shards[1]["raw_data"]["basename"]
+    proxy = FaultProxy(s3.endpoint)
+    proxy.hang_if = hung
+    monkeypatch.setenv("S3_ENDPOINT_URL", proxy.endpoint)
+    try:
+        rc, out, err = _inspect(capsys, url, "--local", str(tmp_path / "c"), "--download-timeout", "1",
+                                "--download-retry", "0")
+    finally:
+        proxy.close()
+    assert rc == 3, err
+    assert "bad" not in err.replace("not bad data", "")
+    assert f"1 of {len(shards)} shards could not be checked" in err and f"{url}/{hung}" in err
+    assert "UNREACHABLE" in out and out.count("  OK") == len(shards) - 1
+
+
+def test_a_cache_limit_smaller_than_a_shard_is_a_usage_error_before_any_shard_is_read(s3, mds_dir, tmp_path,
+                                                                                      capsys, monkeypatch):
+    """`--cache-limit 10` cannot hold any shard: one usage error (exit 2) naming the flag and what a shard
+    needs, not "N of N shards bad"; no shard object is fetched (the proxy's request log)."""
+    from s3_server import FaultProxy
+
+    url = s3.upload_dir(mds_dir, "mds")
+    shards = _index(mds_dir)
+    proxy = FaultProxy(s3.endpoint)
+    monkeypatch.setenv("S3_ENDPOINT_URL", proxy.endpoint)
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(["inspect", url, "--local", str(tmp_path / "c"), "--cache-limit", "10", "--no-progress"])
+    finally:
+        proxy.close()
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and "usage: zephon inspect" in err and "shards bad" not in err
+    first = shards[0]["raw_data"]
+    assert f"--cache-limit 10: {url}/{first['basename']}: needs {first['bytes']} bytes" in err, err
+    shard_gets = [p for m, p in proxy.requests if m == "GET" and p.endswith(".mds")]
+    assert shard_gets == []
+
+
+def test_energon_tar_missing_is_bad_data_named_like_a_missing_mds_shard(energon_root, tmp_path, capsys):
+    """A tar .nv-meta lists but the folder lacks is a bad dataset (exit 1 naming the tar), as a missing MDS shard
+    is (test above), not an argument error (exit 2)."""
+    root = shutil.copytree(energon_root, tmp_path / "text")
+    tars = sorted(f for f in os.listdir(root) if f.endswith(".tar"))
+    os.remove(os.path.join(root, tars[2]))
+    rc, _, err = _inspect(capsys, str(root))
+    assert rc == 1, err
+    assert os.path.join(root, tars[2]) in err and "missing" in err
+    assert "1 of the dataset's files does not open" in err and "zephon: error" not in err
+
+
+def test_energon_tar_missing_from_a_bucket_is_bad_data_named_by_url(s3, energon_root, tmp_path, capsys):
+    root = shutil.copytree(energon_root, tmp_path / "text")
+    tars = sorted(f for f in os.listdir(root) if f.endswith(".tar"))
+    os.remove(os.path.join(root, tars[1]))
+    url = s3.upload_dir(str(root), "text")
+    rc, _, err = _inspect(capsys, url, "--local", str(tmp_path / "c"))
+    assert rc == 1, err
+    assert f"{url}/{tars[1]}" in err and "missing" in err and "1 of the dataset's files does not open" in err

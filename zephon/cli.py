@@ -144,10 +144,12 @@ def cmd_verify(args) -> int:
 
 def cmd_inspect(args) -> int:
     """List shards, counts and columns, checking every shard against its index (``formats.check``); with
-    ``--deep`` read every sample. Exit 1 when a shard is bad, naming each with what was expected and found."""
+    ``--deep`` read every sample. Exit 1 when a shard is bad, naming each with what was expected and found; else
+    3 when a shard could not be checked (the store did not answer: not bad data, named with its URL and error)."""
     from .cli_formats import open_keywords, unopenable
     from .formats import DamagedIndexError, DataError, open_dataset
     from .formats.check import check_shard, summary
+    from .formats.remote import CacheFull
 
     _, kw = open_keywords(args, args.path)
     try:
@@ -166,8 +168,13 @@ def cmd_inspect(args) -> int:
               disable=args.no_progress or args.json, unit="sample" if args.deep else "shard") as bar:
         reports = []
         for i in range(len(ds.shards)):
-            reports.append(check_shard(ds, i, deep=args.deep, progress=bar.update if args.deep else None,
-                                       field=args.field))
+            try:
+                reports.append(check_shard(ds, i, deep=args.deep, progress=bar.update if args.deep else None,
+                                           field=args.field))
+            except CacheFull as e:  # raised before the download: a setting to change, the same for every shard
+                bar.close()
+                args.inspect_parser.error(f"--cache-limit {args.cache_limit}: {e}; give at least the size of the "
+                                  f"largest shard")
             if not args.deep:
                 bar.update(1)
     info = summary(ds, reports, args.deep)
@@ -175,11 +182,16 @@ def cmd_inspect(args) -> int:
         print(json.dumps(info, indent=1))
     else:
         _print_inspect(args.path, info)
-    if not info["ok"]:
-        bad = info["bad_shards"]
+    bad, unreachable = info["bad_shards"], info["unreachable_shards"]
+    if unreachable:
+        print(f"zephon inspect: {len(unreachable)} of {info['num_shards']} shards could not be checked (unreachable: "
+              f"a network or store failure, not bad data):", file=sys.stderr)
+        for line in unreachable:
+            print(f"  {line}", file=sys.stderr)
+    if bad:
         print(f"zephon inspect: {len(bad)} of {info['num_shards']} shards bad: {', '.join(bad)}", file=sys.stderr)
         return 1
-    return 0
+    return 3 if unreachable else 0
 
 
 def _print_inspect(path: str, info: dict) -> None:
@@ -188,16 +200,19 @@ def _print_inspect(path: str, info: dict) -> None:
     print(f"columns: {', '.join(info['columns'])}")
     for s in info["shards"]:
         cols = f"  columns: {', '.join(s['columns'])}" if s["columns"] and s["columns"] != info["columns"] else ""
-        print(f"  {s['path']}  {s['format']}  {s['num_samples']:,} samples  {s['size_bytes']:,} bytes{cols}  "
-              f"{'OK' if s['ok'] else 'BAD'}")
+        state = "OK" if s["ok"] else "UNREACHABLE" if s["unreachable"] else "BAD"
+        print(f"  {s['path']}  {s['format']}  {s['num_samples']:,} samples  {s['size_bytes']:,} bytes{cols}  {state}")
+        if s["unreachable"]:
+            print(f"      not checked: {s['unreachable']}")
         for problem in s["problems"]:
             print(f"      {problem}")
         if s["bad_samples"]:
             print(f"      {s['bad_samples']:,} of {s['samples_read']:,} samples do not read; first bad sample "
                   f"{s['first_bad_sample']}: {s['first_bad_error']}")
     what = "every sample read" if info["deep"] else "sizes, headers and indexes; --deep reads every sample"
-    print(f"checked {n} shard{'s' * (n != 1)} ({what}): "
-          + ("all OK" if info["ok"] else f"{len(info['bad_shards'])} bad"))
+    result = [f"{len(info['bad_shards'])} bad"] * bool(info["bad_shards"]) + \
+        [f"{len(info['unreachable_shards'])} unreachable"] * bool(info["unreachable_shards"])
+    print(f"checked {n} shard{'s' * (n != 1)} ({what}): " + (", ".join(result) or "all OK"))
 
 
 FIELD_HELP = "text field / column (Energon: a field_map field such as text, or a part such as txt)"
@@ -272,13 +287,15 @@ def main_parser() -> argparse.ArgumentParser:
     _pipeline_args(verify, demo=False)
     add_format_args(verify)
     insp = sub.add_parser("inspect", help="formats, shards, sample counts, columns; checks every shard against "
-                                          "its index (exit 1 naming each bad shard)")
+                                          "its index (exit 1 naming each bad shard; 3 when none is bad but a "
+                                          "shard in a bucket could not be read)")
     insp.add_argument("path", help="dataset path: directory, glob, file, MDS or Energon root, or s3:// URL")
     insp.add_argument("--deep", action="store_true", help="also read (decode) every sample; name the first bad "
                                                           "sample of each shard")
     insp.add_argument("--field", default="text", help=FIELD_HELP + "; --deep checks every sample holds it as text")
     insp.add_argument("--json", action="store_true")
     insp.add_argument("--no-progress", action="store_true")
+    insp.set_defaults(inspect_parser=insp)  # a usage error found after parsing (--cache-limit) shows this usage
     add_format_args(insp)
     cli_debug.add_parsers(sub, _pipeline_args, add_format_args)
     return parser

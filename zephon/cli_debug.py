@@ -36,6 +36,25 @@ def verify_skip(args):
     return r.start, r.stop
 
 
+#: ``zephon explain`` without ``--checkpoint`` replays every lane from step 0 (the CLI's pipeline packs, so a span's
+#: row count depends on the data): about 0.07 s per global step on the demo (64 lanes of 2048 tokens), so it
+#: refuses steps past this (``--max-replay-steps``) instead of running for hours (docs/debugging.md).
+MAX_REPLAY_STEPS = 2000
+
+
+def _check_replay(args) -> None:
+    """Refuse ``explain`` steps past ``--max-replay-steps`` without ``--checkpoint`` (before any work). Raises
+    ``ValueError`` saying what to pass."""
+    last = _steps(args.step).stop - 1
+    bound = args.max_replay_steps
+    if args.checkpoint is None and bound and last > bound:
+        raise ValueError(f"explain {args.step} without --checkpoint replays every lane from step 0 to step {last} "
+                         f"(at about 0.07 s per step, as on the demo's 64 lanes: {last * 0.07 / 3600:,.1f} h): "
+                         f"pass --checkpoint with a checkpoint of the run at or before step {last}, or raise "
+                         f"--max-replay-steps "
+                         f"({bound}; 0 = no bound)")
+
+
 def _plan(args):
     """The ``LoaderPlan`` of the CLI's pipeline flags at ``--dp`` (the demo corpus and tokenizer by default)."""
     from .cli_pipeline import build_pipeline
@@ -62,10 +81,16 @@ def _plan(args):
 
 
 def _load(path: str | None):
+    """The ``--checkpoint`` file's JSON (None without one). Raises ``ValueError`` naming the file when it is not
+    JSON (OSError, naming it, when it does not open)."""
     if path is None:
         return None
     with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+        try:
+            return json.load(fh)
+        except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8: say which file
+            raise ValueError(f"--checkpoint {path}: not valid JSON (a checkpoint is the JSON a Loader's "
+                             f"checkpoint() returns): {e}") from None
 
 
 def format_explain(ex: dict, text: bool = False) -> str:
@@ -92,8 +117,9 @@ def cmd_explain(args) -> int:
     """Print every row of the global steps ``args.step`` (table, or ``--json``)."""
     from .engine.explain import explain, rows_are_pointers
 
+    _check_replay(args)
+    state = _load(args.checkpoint)  # before the pipeline is built: a bad file fails at once
     plan = _plan(args)
-    state = _load(args.checkpoint)
     if args.skip and state is None:
         raise ValueError("--skip needs --checkpoint: a skip applies to a resume from that checkpoint")
     if args.skip:
@@ -114,10 +140,11 @@ def cmd_diff(args) -> int:
     documents moved per dataset (table, or ``--json``)."""
     from .engine.diff import compare_plans
 
+    state = _load(args.checkpoint)
     old = _plan(args)
     against = shlex.split(args.against)
     new = _plan(args.parser.parse_args(_without_against(args.argv, against) + against))
-    report = compare_plans(old, new, args.compare_steps, state=_load(args.checkpoint))
+    report = compare_plans(old, new, args.compare_steps, state=state)
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
@@ -155,6 +182,9 @@ def add_parsers(sub, pipeline_args, format_args) -> None:
     ex.add_argument("step", help="global step N, or A:B for steps A..B-1")
     ex.add_argument("--text", action="store_true", help="print each document's text")
     ex.add_argument("--skip", default=None, help="A:B: explain a resume from --checkpoint that skips steps A..B-1")
+    ex.add_argument("--max-replay-steps", type=int, default=MAX_REPLAY_STEPS,
+                    help=f"without --checkpoint, refuse steps past this (lanes replay from step 0; default "
+                         f"{MAX_REPLAY_STEPS}, 0 = no bound)")
     diff = sub.add_parser("diff", help="first global step a config change moves, documents moved per dataset")
     diff.add_argument("--against", required=True, help="the changed flags, quoted (e.g. \"--shuffle-buffer 64\")")
     diff.add_argument("--compare-steps", type=int, default=50, help="global steps compared (default 50)")

@@ -23,7 +23,10 @@ from typing import Callable
 from .base import BrokenShard, Dataset
 from .errors import DataError
 from .records import FieldError, field_text
-from .remote import RemoteError
+from .remote import AccessDenied, CacheFull, RemoteError, RemoteUnreachable
+
+# the store could not be read (network, server, credentials): the shard is not checked, not bad
+UNREACHABLE = (RemoteUnreachable, AccessDenied)
 
 DEEP_BATCH = 256  # samples read per call in a deep check
 
@@ -36,6 +39,8 @@ class ShardReport:
     names (record keys) when it opened. problems: what is wrong, each saying what the index expected and what
     was found ([] = fine). samples_read: samples a deep check read. bad_samples: how many of those failed;
     first_bad_sample / first_bad_error: the first (its index in the shard and the full error message).
+    unreachable: why the shard could not be checked (the object URL and the network or server error), None
+    when it was read; such a shard is neither ok nor bad.
     """
     shard: int
     path: str
@@ -48,10 +53,15 @@ class ShardReport:
     bad_samples: int = 0
     first_bad_sample: int | None = None
     first_bad_error: str | None = None
+    unreachable: str | None = None
+
+    @property
+    def bad(self) -> bool:
+        return bool(self.problems or self.bad_samples)
 
     @property
     def ok(self) -> bool:
-        return not self.problems and not self.bad_samples
+        return not self.bad and self.unreachable is None
 
     def as_dict(self) -> dict:
         return {**asdict(self), "ok": self.ok}
@@ -153,9 +163,21 @@ def check_shard(ds: Dataset, shard_id: int, *, deep: bool = False,
 
     deep: also read every sample (``DEEP_BATCH`` at a time). progress: called with the number of samples read
     after each batch of a deep check. field: with ``deep``, every sample must hold this field as text (what
-    ``Decode(field)`` takes; None: not checked). Returns a ``ShardReport``; bad data (and a remote object that cannot be
-    fetched) never raises.
+    ``Decode(field)`` takes; None: not checked). Returns a ``ShardReport``; bad data never raises, nor does a
+    store that does not answer (``ShardReport.unreachable``). Raises CacheFull when ``cache_limit`` leaves no
+    room for the shard (a setting to change, the same for every shard).
     """
+    info = ds.shards[shard_id]
+    try:
+        return _check(ds, shard_id, deep, progress, field)
+    except UNREACHABLE as e:
+        rep = ShardReport(shard_id, info.path, info.format, info.num_samples, info.size_bytes, unreachable=str(e))
+        if deep and progress is not None:
+            progress(info.num_samples)  # the bar counts the shard as done (ahead when it failed mid-read)
+        return rep
+
+
+def _check(ds: Dataset, shard_id: int, deep: bool, progress, field) -> ShardReport:
     info = ds.shards[shard_id]
     rep = ShardReport(shard_id, info.path, info.format, info.num_samples, info.size_bytes)
     if info.format in FILE_CHECKS:
@@ -164,6 +186,8 @@ def check_shard(ds: Dataset, shard_id: int, *, deep: bool = False,
         reader = ds._make_reader(shard_id)
         if isinstance(reader, BrokenShard):
             raise reader.error
+    except (CacheFull, *UNREACHABLE):
+        raise
     except (DataError, OSError, RemoteError) as e:  # RemoteError: e.g. an object shorter than its listing
         rep.problems.append(f"cannot be opened: {getattr(e, 'reason', None) or e}")
         if deep and progress is not None:
@@ -192,11 +216,13 @@ def check_shard(ds: Dataset, shard_id: int, *, deep: bool = False,
 def summary(ds: Dataset, reports: list[ShardReport], deep: bool) -> dict:
     """``zephon inspect --json``: ``{"name", "format" (one format or "mixed"), "num_shards", "num_samples",
     "columns" (those every non-empty, opened shard has), "deep", "ok", "bad_shards": [paths],
+    "unreachable_shards": ["<object URL>: <error>"] (not checked: the store did not answer),
     "shards": [ShardReport.as_dict(), ...]}``."""
     from .registry import describe
 
     return {**describe(ds, [r.columns for r in reports]), "deep": deep, "ok": all(r.ok for r in reports),
-            "bad_shards": [r.path for r in reports if not r.ok],
+            "bad_shards": [r.path for r in reports if r.bad],
+            "unreachable_shards": [r.unreachable for r in reports if r.unreachable is not None],
             "shards": [r.as_dict() for r in reports]}
 
 

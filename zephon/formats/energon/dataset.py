@@ -259,7 +259,7 @@ def _remote_tar(remote, n: str, shard: int) -> tuple[str, int]:
     """``(URL, bytes)`` of tar ``n`` of a remote root; DataError when it or its ``.tar.idx`` is not there."""
     url = remote.root.url_of(n)
     if remote.size(n) is None:
-        raise DataError("shard listed in .nv-meta missing: no such object", path=url)
+        raise DataError("shard listed in .nv-meta missing: no such object", path=url, shard=shard)
     if remote.size(itar_path(n)) is None:
         raise DataError(f"no tar index {os.path.basename(itar_path(n))} next to the tar: run `energon prepare` on "
                         f"the dataset and upload the .tar.idx files", path=url, shard=shard)
@@ -297,7 +297,8 @@ def _split_shards(root, counts, names, sample_excl, split_part, split_path,
         try:
             st = os.stat(path)
         except OSError as e:
-            raise DataError(f"shard listed in .nv-meta missing: {e.strerror or e}", path=path) from None
+            raise DataError(f"shard listed in .nv-meta missing: {e.strerror or e}", path=path,
+                            shard=len(metas)) from None  # a shard of the data: zephon inspect says bad data
         if not os.path.isfile(itar_path(path)):
             raise DataError(f"no tar index {os.path.basename(itar_path(path))} next to the tar: run "
                             f"`energon prepare {root}` (megatron-energon) to index the shards", path=path,

@@ -10,7 +10,7 @@ prefix and its cache, what the format readers use). The user guide is docs/remot
 """
 from .backends import ObjectInfo
 from .cache import CacheFull, LocalCache, evictable, pinned
-from .errors import AccessDenied, ObjectMissing, RemoteError, RemoteTimeout
+from .errors import AccessDenied, ObjectMissing, RemoteError, RemoteTimeout, RemoteUnreachable
 from .fetch import Fetcher, detection_fetcher, probe, stats
 from .manifest import CacheConflict, ObjectChanged
 from .files import CachedFile, RangeFile, RangePread
@@ -22,6 +22,7 @@ REMOTE_KEYWORDS = ("local", "download_retry", "download_timeout", "cache_limit")
 
 __all__ = ["AccessDenied", "CacheConflict", "CacheFull", "CachedFile", "FSSPEC_SCHEMES", "Fetcher", "LocalCache",
            "ObjectChanged", "ObjectInfo", "ObjectMissing", "REMOTE_KEYWORDS", "RangeFile", "RangePread", "RemoteError",
-           "RemoteRoot", "RemoteTimeout", "SCHEMES", "basename", "cache_key", "check_digest", "default_local",
-           "detection_fetcher", "evictable", "glob_match", "glob_prefix", "has_magic", "hashing_writer", "is_remote",
-           "join", "local_path", "parse_size", "pinned", "probe", "relative", "split_url", "stats"]
+           "RemoteRoot", "RemoteTimeout", "RemoteUnreachable", "SCHEMES", "basename", "cache_key", "check_digest",
+           "default_local", "detection_fetcher", "evictable", "glob_match", "glob_prefix", "has_magic",
+           "hashing_writer", "is_remote", "join", "local_path", "parse_size", "pinned", "probe", "relative",
+           "split_url", "stats"]

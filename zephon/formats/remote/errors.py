@@ -31,5 +31,10 @@ class AccessDenied(RemoteError):
     """The server refused the credentials (401 / 403): not retried; the message names the credentials source."""
 
 
-class RemoteTimeout(RemoteError):
+class RemoteUnreachable(RemoteError):
+    """Every attempt failed in the network or the server (connection, 5xx, timeout): the object could not be
+    read, which says nothing about its bytes (``zephon inspect`` reports it unreachable, not bad)."""
+
+
+class RemoteTimeout(RemoteUnreachable):
     """Every attempt ran past ``download_timeout`` (a server that stops answering)."""

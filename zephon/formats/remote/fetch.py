@@ -17,7 +17,7 @@ import time
 from typing import BinaryIO, Callable
 
 from .backends import Denied, Expired, Missing, ObjectInfo, backend_for
-from .errors import AccessDenied, ObjectMissing, RemoteError, RemoteTimeout
+from .errors import AccessDenied, ObjectMissing, RemoteError, RemoteTimeout, RemoteUnreachable
 from .urls import scheme_of
 
 BACKOFF = 0.25       # seconds before the first re-attempt
@@ -102,7 +102,7 @@ class Fetcher:
         """``attempt(backend, deadline)`` until it succeeds or the tries run out.
 
         url: the object (named in errors). what: the operation, e.g. "download" (in errors).
-        Raises ObjectMissing / AccessDenied at once, RemoteTimeout or RemoteError after the last try.
+        Raises ObjectMissing / AccessDenied at once, RemoteTimeout or RemoteUnreachable after the last try.
         """
         backend = self.backend(url)
         last, timeouts = None, 0
@@ -132,7 +132,7 @@ class Fetcher:
                  f"download_timeout={self.timeout:g}s); last cause: {cause}")
         if timeouts == tries:
             raise RemoteTimeout(url, words, tries) from None
-        raise RemoteError(url, words, tries) from None
+        raise RemoteUnreachable(url, words, tries) from None
 
     def head(self, url: str) -> ObjectInfo:
         """Size and ETag of object ``url``."""
