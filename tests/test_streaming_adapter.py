@@ -308,6 +308,10 @@ def test_state_is_json_and_other_config_is_refused(data):
         make(data, chunk_size=8).load_state_dict(state)
     with pytest.raises(CheckpointError, match="num_canonical_nodes: state has 16, this dataset has 8"):
         make(data, num_canonical_nodes=8).load_state_dict(state)
+    with pytest.raises(CheckpointError) as e:  # the seed per epoch is derived from shuffle: shuffle is named first
+        make(data, shuffle=False).load_state_dict(state)
+    shuffle = "work.shuffle: checkpoint has True, this loader has False"
+    assert shuffle in str(e.value) and str(e.value).index(shuffle) < str(e.value).index("work.seed")
     with pytest.raises(CheckpointError, match="mosaicml-streaming state"):
         make(data).load_state_dict({"epoch": 0, "sample_in_epoch": 32, "num_canonical_nodes": 1, "shuffle_seed": 1})
     with pytest.raises(CheckpointError, match="altered or truncated"):
