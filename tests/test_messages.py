@@ -121,3 +121,14 @@ def test_config_diff_shows_weights_as_given_and_shuffle_before_seed(tmp_path):
     msg = str(e.value)
     shuffle, seed = "work.shuffle: checkpoint has True, this loader has False", "work.seed: checkpoint has 0"
     assert shuffle in msg and seed in msg and msg.index(shuffle) < msg.index(seed)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.0, True])
+def test_canonical_replicas_is_checked_first_with_its_own_message(tmp_path, bad):
+    """canonical_replicas=0 said "global_batch_size and unit_size must be >= 1, got None, 256" (the default global
+    batch size is derived from it); it is refused by name, with the value given."""
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": f"d{i}"}) + "\n" for i in range(8)))
+    with pytest.raises(ValueError) as e:
+        Loader([open_dataset(str(tmp_path / "a.jsonl"))], [Decode("text"), Batch(1)], canonical_replicas=bad)
+    assert f"canonical_replicas (the number of lanes) must be an int >= 1, got {bad!r}" in str(e.value)
+    assert "global_batch_size" not in str(e.value)
