@@ -109,7 +109,7 @@ def test_dp_degree_that_does_not_divide_is_refused(corpus, tokenizer_path):
 
 @pytest.mark.parametrize("change, expected", [
     (dict(seed=1), "work.seed: checkpoint has 0, this loader has 1"),
-    (dict(weights=[0.5, 0.5]), "work.weights"),
+    (dict(weights=[0.5, 0.5]), "work.weights differ: checkpoint [0.7, 0.3] vs this loader [0.5, 0.5]"),
     (dict(max_length=64), "max_length"),
     (dict(chunk_size=64), "work.chunk_size"),
     (dict(canonical_replicas=4, global_batch_size=8), "canonical_replicas"),

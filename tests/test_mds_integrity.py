@@ -264,3 +264,42 @@ def test_shard_past_4_gib_with_a_damaged_last_offset_is_refused(big):
     stored = _stored_offsets(path, 7)
     _set_stored_offset(path, 7, stored[7] - 1)  # the last offset one byte short of the file's size
     assert "past 4 GiB" in _refused(d, path)
+
+
+# ---------------------------------------------------------------- index.json sizes against the files (real MDSWriter)
+
+
+def _mds_with_lying_size(tmp_path, field, compression=None):
+    """Two shards by MDSWriter, then index.json's ``field.bytes`` of shard 1 raised by 100; returns (dir, path,
+    true size, lie)."""
+    pytest.importorskip("streaming")
+    from streaming import MDSWriter
+    d = str(tmp_path / "mds")
+    with MDSWriter(out=d, columns={"id": "int", "payload": "bytes"}, size_limit=2000, compression=compression) as w:
+        for i in range(40):
+            w.write({"id": i, "payload": bytes(range(i, i + 60))})
+    with open(os.path.join(d, "index.json")) as f:
+        index = json.load(f)
+    entry = index["shards"][1][field]
+    path = os.path.join(d, entry["basename"])
+    true = os.path.getsize(path)
+    assert entry["bytes"] == true and len(index["shards"]) > 1
+    entry["bytes"] = true + 100
+    with open(os.path.join(d, "index.json"), "w") as f:
+        json.dump(index, f)
+    return d, path, true, true + 100
+
+
+@pytest.mark.parametrize("field, compression", [("raw_data", None), ("zip_data", "zstd")])
+def test_index_size_that_lies_refuses_the_local_shard(tmp_path, field, compression):
+    # over S3 the download of such a shard is refused (fewer bytes than index.json says): locally too
+    d, path, true, lie = _mds_with_lying_size(tmp_path, field, compression)
+    ds = open_dataset(d, cache_dir=str(tmp_path / "cache"))
+    assert ds.read(0, [0])[0]["id"] == 0  # the other shard reads
+    with pytest.raises(DataError) as e:
+        ds.read(1, [0])
+    msg = str(e.value)
+    assert (e.value.path, e.value.shard) == (path, 1)
+    assert f"{field}.bytes says {lie:,} bytes, the file has {true:,}" in msg
+    recs = open_dataset(d, on_error="skip", cache_dir=str(tmp_path / "cache2")).read(1, [0, 1])
+    assert all(f"{field}.bytes says {lie:,}" in r["__error__"] for r in recs)

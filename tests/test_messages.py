@@ -99,3 +99,36 @@ def test_edited_checkpoint_duplicate_lane_and_unknown_key_are_named(state):
     with pytest.raises(CheckpointError, match="unknown field 'resume_from'"):
         L.restore(extra)
     L.restore(copy.deepcopy(st))
+
+
+def _two_sets(tmp_path, **kw):
+    for n in ("a", "b"):
+        (tmp_path / f"{n}.jsonl").write_text("".join(json.dumps({"text": f"{n}{i}"}) + "\n" for i in range(40)))
+    return Loader([open_dataset(str(tmp_path / n)) for n in ("a.jsonl", "b.jsonl")], [Decode("text"), Batch(1)],
+                  canonical_replicas=2, runner="inline", **kw)
+
+
+def test_config_diff_shows_weights_as_given_and_shuffle_before_seed(tmp_path):
+    """Weights are compared as the proportions the user gave (the summary keeps reduced integers: 0.9 -> 471859);
+    when shuffle and seed both differ (zephon_streaming derives the seed from shuffle) shuffle is named first."""
+    st = _two_sets(tmp_path).checkpoint()
+    with pytest.raises(CheckpointError) as e:
+        _two_sets(tmp_path, weights=[0.9, 0.1]).restore(copy.deepcopy(st))
+    assert "work.weights differ: checkpoint [0.5, 0.5] vs this loader [0.9, 0.1]" in str(e.value)
+    assert "471859" not in str(e.value)
+    with pytest.raises(CheckpointError) as e:
+        _two_sets(tmp_path, shuffle=False, seed=17).restore(copy.deepcopy(st))
+    msg = str(e.value)
+    shuffle, seed = "work.shuffle: checkpoint has True, this loader has False", "work.seed: checkpoint has 0"
+    assert shuffle in msg and seed in msg and msg.index(shuffle) < msg.index(seed)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.0, True])
+def test_canonical_replicas_is_checked_first_with_its_own_message(tmp_path, bad):
+    """canonical_replicas=0 said "global_batch_size and unit_size must be >= 1, got None, 256" (the default global
+    batch size is derived from it); it is refused by name, with the value given."""
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": f"d{i}"}) + "\n" for i in range(8)))
+    with pytest.raises(ValueError) as e:
+        Loader([open_dataset(str(tmp_path / "a.jsonl"))], [Decode("text"), Batch(1)], canonical_replicas=bad)
+    assert f"canonical_replicas (the number of lanes) must be an int >= 1, got {bad!r}" in str(e.value)
+    assert "global_batch_size" not in str(e.value)

@@ -308,6 +308,10 @@ def test_state_is_json_and_other_config_is_refused(data):
         make(data, chunk_size=8).load_state_dict(state)
     with pytest.raises(CheckpointError, match="num_canonical_nodes: state has 16, this dataset has 8"):
         make(data, num_canonical_nodes=8).load_state_dict(state)
+    with pytest.raises(CheckpointError) as e:  # the seed per epoch is derived from shuffle: shuffle is named first
+        make(data, shuffle=False).load_state_dict(state)
+    shuffle = "work.shuffle: checkpoint has True, this loader has False"
+    assert shuffle in str(e.value) and str(e.value).index(shuffle) < str(e.value).index("work.seed")
     with pytest.raises(CheckpointError, match="mosaicml-streaming state"):
         make(data).load_state_dict({"epoch": 0, "sample_in_epoch": 32, "num_canonical_nodes": 1, "shuffle_seed": 1})
     with pytest.raises(CheckpointError, match="altered or truncated"):
@@ -488,3 +492,21 @@ def test_honoured_shuffle_keywords_change_the_order_as_documented(data):
         other, _ = order(**kw)
         assert other != base and len(other) == len(base), kw
         assert set(other) == set(base) and len(set(base)) == 360, kw
+
+
+def test_unsafe_mds_column_names_streaming_datasets_own_keyword(data, tmp_path):
+    """An MDS pkl column is refused naming StreamingDataset's allow_unsafe_types=True (the refusal said "to
+    open_dataset", which the user never called); with the keyword the samples written here read back."""
+    from streaming import MDSWriter
+    from zephon.formats import UnsafeDataError
+    d = str(tmp_path / "pkl")
+    with MDSWriter(out=d, columns={"text": "str", "meta": "pkl"}) as w:
+        for i in range(8):
+            w.write({"text": f"doc {i}", "meta": {"i": i}})
+    with pytest.raises(UnsafeDataError) as e:
+        make(data, local=d, split=None, batch_size=2, num_canonical_nodes=2, chunk_size=2)
+    msg = str(e.value)
+    assert "'meta' uses the unsafe encoding 'pkl'" in msg and "index.json" in msg
+    assert "pass allow_unsafe_types=True to StreamingDataset" in msg and "open_dataset" not in msg
+    ds = make(data, local=d, split=None, batch_size=2, num_canonical_nodes=2, chunk_size=2, allow_unsafe_types=True)
+    assert sorted(s["meta"]["i"] for s in itertools.islice(iter(ds), 8)) == list(range(8))

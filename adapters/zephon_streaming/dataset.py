@@ -15,6 +15,7 @@ import weakref
 from torch.utils.data import IterableDataset
 
 from zephon import LoaderPlan
+from zephon.formats import UnsafeDataError
 from zephon.host import Channel, RankSession, SampleItems, explain, private_dir
 from zephon.ops import Batch, Decode, Pack, Tokenize
 from zephon.work import Schedule, TopologyError, epoch_steps, lanes_for_rank
@@ -211,8 +212,11 @@ class StreamingDataset(MosaicState, RankIteration, IterableDataset):
         return hook
 
     def _open(self, stream: Stream):
-        return stream.open(allow_unsafe_types=self.allow_unsafe_types, predownload=self.predownload,
-                           cache_limit=self.cache_limit)
+        try:
+            return stream.open(allow_unsafe_types=self.allow_unsafe_types, predownload=self.predownload,
+                               cache_limit=self.cache_limit)
+        except UnsafeDataError as e:  # allow_unsafe_types is this class's own keyword: name it, not open_dataset
+            raise e.opened_by(type(self).__name__) from None
 
     def _ops(self):
         if self._ops_cache is None:

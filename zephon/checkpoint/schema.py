@@ -13,6 +13,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from .config_diff import config_diff
+
 FORMAT = "zephon-checkpoint/1"
 SKIPS_KEY = "skips"  # the config key of the skipped step ranges (``checkpoint.skips``)
 LANE_KEYS = ("lane", "sentinel_chunk", "sentinel_offset", "replay_cursor", "delivered_rows")
@@ -223,33 +225,6 @@ def _dataset_summary(fp):
     return {"name": fp.get("name"), "num_shards": len(shards),
             "num_samples": sum(s[1] for s in shards if isinstance(s, (list, tuple)) and len(s) > 1),
             "columns": fp.get("columns"), "digest": digest(fp)[:16]}
-
-
-def config_diff(expected, found, path="", labels=("checkpoint", "this loader")) -> list[str]:
-    """Human-readable differences between two summarized configs, e.g.
-    ``["work.seed: checkpoint has 1, this loader has 0"]`` (``labels``: what ``found`` and ``expected`` are).
-    Keys only one side has are not reported inside a dict whose ``method`` differs (they belong to the method)."""
-    theirs, ours = labels
-    if isinstance(expected, dict) and isinstance(found, dict):
-        out = []
-        both = "method" not in expected or "method" not in found or expected["method"] == found["method"]
-        for k in sorted(set(expected) | set(found)):
-            p = f"{path}.{k}" if path else str(k)
-            if k not in expected:
-                out += [f"{p}: only in the {theirs} ({found[k]!r})"] if both else []
-            elif k not in found:
-                out += [f"{p}: missing from the {theirs} ({ours} has {expected[k]!r})"] if both else []
-            else:
-                out.extend(config_diff(expected[k], found[k], p, labels))
-        return out
-    if isinstance(expected, list) and isinstance(found, list) and len(expected) == len(found):
-        out = []
-        for i, (a, b) in enumerate(zip(expected, found)):
-            out.extend(config_diff(a, b, f"{path}[{i}]", labels))
-        return out
-    if expected != found:
-        return [f"{path}: {theirs} has {found!r}, {ours} has {expected!r}"]
-    return []
 
 
 def validate(state, fingerprint: str, summary: dict, lanes=None, resume_check=None) -> dict:

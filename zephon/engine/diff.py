@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..checkpoint.schema import config_diff
+from ..checkpoint.config_diff import config_diff
 from .explain import explain
 from .plan import dataset_names
 

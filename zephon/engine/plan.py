@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from .. import checkpoint as ckpt
 from ..checkpoint.skips import SKIPS_KEY, check_skips, skip_in_state, skipped_rows, stream_ranges
 from ..ops.batch import Batch
-from ..work import WorkSource, check_share_rows, lane_share, lanes_for_rank
+from ..work import WorkSource, check_replicas, check_share_rows, lane_share, lanes_for_rank
 from .checks import check_datasets, check_finite_lanes, check_ops
 from .carry import carrier_indexes
 from .rowsplit import row_split
@@ -89,6 +89,7 @@ class LoaderPlan:
         if any(isinstance(op, Batch) for op in ops):
             raise ValueError("Batch must be the last operator")
         m = batch.micro_batch_size
+        check_replicas(canonical_replicas)
         gbs = canonical_replicas * m if global_batch_size is None else global_batch_size
         if not isinstance(gbs, int) or gbs < 1 or unit_size < 1:
             raise ValueError(f"global_batch_size and unit_size must be >= 1, got {global_batch_size}, {unit_size}")

@@ -5,8 +5,8 @@ through the format table of ``registry`` (JSONL, Parquet, MDS, Energon); ``inspe
 source; ``DataError`` reports bad input.
 """
 from .base import Dataset, ShardInfo
-from .errors import DamagedIndexError, DataError, DataWarning
+from .errors import DamagedIndexError, DataError, DataWarning, UnsafeDataError
 from .registry import FORMATS, inspect_source, open_dataset
 
 __all__ = ["DamagedIndexError", "DataError",
-           "DataWarning", "Dataset", "FORMATS", "ShardInfo", "inspect_source", "open_dataset"]
+           "DataWarning", "Dataset", "FORMATS", "ShardInfo", "UnsafeDataError", "inspect_source", "open_dataset"]

@@ -71,5 +71,26 @@ class DamagedIndexError(DataError):
     not readable as what it should be. The format is known from its presence; nothing is guessed around it."""
 
 
+_UNSAFE_HINT = "; pass allow_unsafe_types=True to {} if you trust this data"
+
+
+class UnsafeDataError(DataError):
+    """Data whose decoding runs arbitrary code (an MDS ``pkl`` column), refused without ``allow_unsafe_types``. Its
+    reason ends with where to pass that keyword: ``open_dataset``, or a host's own class (``opened_by``)."""
+
+    @classmethod
+    def refuse(cls, what: str, *, path: str, shard: int | None = None,
+               opener: str = "open_dataset") -> UnsafeDataError:
+        """The error for ``what`` (e.g. "column 'meta' uses the unsafe encoding 'pkl' (...)"), naming ``path``
+        and ``shard``, telling the user to pass ``allow_unsafe_types=True`` to ``opener``."""
+        return cls(what + _UNSAFE_HINT.format(opener), path=path, shard=shard)
+
+    def opened_by(self, opener: str) -> UnsafeDataError:
+        """This error telling the user to pass ``allow_unsafe_types=True`` to ``opener`` (a host adapter's class,
+        e.g. "StreamingDataset", which takes that keyword itself) instead of ``open_dataset``."""
+        what = self.reason.removesuffix(_UNSAFE_HINT.format("open_dataset"))
+        return type(self).refuse(what, path=self.path, shard=self.shard, opener=opener)
+
+
 class DataWarning(UserWarning):
     """Bad input that was skipped because the caller asked for ``on_error="skip"`` (e.g. an empty file)."""

@@ -93,10 +93,13 @@ def _save(cache_file: str, index: np.ndarray, stamp: np.ndarray) -> bool:
 
 
 def load_or_build(path: str, kind: str, build: Callable[[], np.ndarray],
-                  cache_dir: str | None = None) -> np.ndarray:
+                  cache_dir: str | None = None) -> tuple[np.ndarray, str | None]:
     """The cached index array of ``path``, or ``build()`` it and store it.
 
     kind: names the index type (part of the validity stamp). build: returns a 1-D int64 array.
+    cache_dir: the fallback directory (see the module). Returns ``(index, cache_file)``: cache_file is the
+    index file the array was loaded from, None when it was built now (a loaded one may be stale after an
+    edit confined to the middle of the file with size and mtime kept: errors name it).
     Errors from ``build`` propagate; a cache that cannot be written is silently skipped (the index
     is then rebuilt on every open). If the file changes while being indexed, the result is returned
     but not stored. OSError when ``path`` cannot be read.
@@ -106,10 +109,10 @@ def load_or_build(path: str, kind: str, build: Callable[[], np.ndarray],
     for cache_file in candidates:
         index = _load(cache_file, stamp)
         if index is not None:
-            return index
+            return index, cache_file
     index = np.ascontiguousarray(build(), dtype=np.int64)
     if np.array_equal(_stamp(path, kind), stamp):
         for cache_file in candidates:
             if _save(cache_file, index, stamp):
                 break
-    return index
+    return index, None

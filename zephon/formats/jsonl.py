@@ -75,7 +75,8 @@ class JsonlReader:
     path: absolute file path. shard: shard id, only used in error messages. columns: if given,
     records must have these keys and are projected to them (in that order). cache_dir: fallback
     index cache directory (see ``index_cache``). file: a remote file's cached copy (``remote.CachedFile``;
-    ``path`` then names the object); None: read ``path``. Opening builds or loads the line index and raises
+    ``path`` then names the object); None: read ``path``. Opening builds or loads the line index (``index_file``:
+    the file it was loaded from, None if built now) and raises
     DataError for a truncated/corrupt compressed stream, OSError if the file cannot be read.
     """
 
@@ -93,7 +94,8 @@ class JsonlReader:
         self._lock = threading.Lock()  # guards _line_numbers
         try:
             with self._local() as p:
-                self.offsets = load_or_build(p, INDEX_KIND, lambda: build_line_index(iter_blocks(p)), cache_dir)
+                self.offsets, self.index_file = load_or_build(p, INDEX_KIND, lambda: build_line_index(iter_blocks(p)),
+                                                              cache_dir)
         except DataError as e:
             raise e.located(path=path, shard=shard) from e
 
@@ -177,9 +179,9 @@ class JsonlReader:
             rec = json.loads(raw)
         except json.JSONDecodeError as e:
             where = f" (column {e.colno})" if e.lineno == 1 else f" ({e})"
-            self._fail(i, f"invalid JSON: {e.msg}{where}")
+            self._fail(i, f"invalid JSON: {e.msg}{where}{self._stale_hint()}")
         except UnicodeDecodeError as e:
-            self._fail(i, f"invalid UTF-8: {e}")
+            self._fail(i, f"invalid UTF-8: {e}{self._stale_hint()}")
         except RecursionError:
             self._fail(i, "invalid JSON: nested too deeply")
         if not isinstance(rec, dict):
@@ -191,6 +193,15 @@ class JsonlReader:
                 self._fail(i, f"missing column {missing[0]!r} (record has: {', '.join(map(repr, rec))})")
             rec = {c: rec[c] for c in self.columns}
         return rec
+
+    def _stale_hint(self) -> str:
+        """For a line that does not parse: the line index it was cut by, when loaded from a file, may be stale
+        (its stamp misses an edit confined to the middle of the file with size and mtime kept; documented in
+        ``index_cache``), and then it is the index, not the data, that is wrong."""
+        if self.index_file is None:
+            return ""
+        return (f"; if this file was edited in place keeping its size and mtime, its line index {self.index_file} "
+                f"may be stale: delete that file (it is rebuilt on the next open) and retry")
 
     def _fail(self, i: int, reason: str):
         if self.path.lower().split(".")[-1] == "json" and i == 0:

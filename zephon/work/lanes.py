@@ -7,17 +7,26 @@ the lane's rows of every step; see docs/distributed.md, "More ranks than lanes")
 """
 from __future__ import annotations
 
+from numbers import Integral
+
 
 class TopologyError(ValueError):
     """A dp_degree / dp_rank / lane layout that cannot own the canonical lanes evenly."""
 
 
+def check_replicas(canonical_replicas) -> None:
+    """Raise ``TopologyError`` unless ``canonical_replicas`` (the number of lanes) is an int >= 1: checked before
+    any size derived from it (the global batch size defaults to it times the micro-batch size)."""
+    if isinstance(canonical_replicas, bool) or not isinstance(canonical_replicas, Integral) or canonical_replicas < 1:
+        raise TopologyError(f"canonical_replicas (the number of lanes) must be an int >= 1, got "
+                            f"{canonical_replicas!r}")
+
+
 def check_topology(canonical_replicas: int, dp_degree: int, dp_rank: int = 0) -> None:
-    """Raise ``TopologyError`` unless ``0 <= dp_rank < dp_degree`` and ``dp_degree`` divides
-    ``canonical_replicas`` or is a multiple of it (both counts of processes; every rank must own the same
-    number of lanes, or the same share of one lane)."""
-    if canonical_replicas < 1:
-        raise TopologyError(f"canonical_replicas must be >= 1, got {canonical_replicas}")
+    """Raise ``TopologyError`` unless ``canonical_replicas >= 1`` (``check_replicas``), ``0 <= dp_rank < dp_degree``
+    and ``dp_degree`` divides ``canonical_replicas`` or is a multiple of it (both counts of processes; every rank
+    must own the same number of lanes, or the same share of one lane)."""
+    check_replicas(canonical_replicas)
     if dp_degree < 1 or (canonical_replicas % dp_degree and dp_degree % canonical_replicas):
         divisors = [d for d in range(1, canonical_replicas + 1) if canonical_replicas % d == 0]
         raise TopologyError(

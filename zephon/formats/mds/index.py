@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..codecs import mds_codec
-from ..errors import DamagedIndexError, DataError
+from ..errors import DamagedIndexError, DataError, UnsafeDataError
 from ..remote import is_remote, probe
 from .encodings import UNSAFE_ENCODINGS, column_codec
 
@@ -127,9 +127,8 @@ def parse_index(index_path: str, allow_unsafe_types: bool = False,
         if not allow_unsafe_types:
             for name, enc in zip(metas[-1].column_names, metas[-1].column_encodings):
                 if enc in UNSAFE_ENCODINGS and (columns is None or name in columns):
-                    raise DataError(f"column {name!r} uses the unsafe encoding {enc!r} (unpickling runs arbitrary "
-                                    f"code); pass allow_unsafe_types=True to open_dataset if you trust this data",
-                                    path=index_path, shard=i)
+                    raise UnsafeDataError.refuse(f"column {name!r} uses the unsafe encoding {enc!r} (unpickling "
+                                                 f"runs arbitrary code)", path=index_path, shard=i)
     return metas
 
 

@@ -17,6 +17,7 @@ requested columns are decoded.
 """
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import numpy as np
@@ -26,7 +27,7 @@ from ..fileio import PreadFile, coalesce_runs, pread_spans
 from .decompress import decompress_shard
 from .encodings import column_codec
 from .index import FORMAT, ShardMeta
-from .integrity import ShardRefused, check_hash, digest_bytes, sample_offsets
+from .integrity import ShardRefused, check_hash, digest_bytes, sample_offsets, size_problem
 
 
 class MdsReader:
@@ -38,7 +39,8 @@ class MdsReader:
     validate_hash: algorithm whose digest from index.json the file must match (checked once per
     process per file). file: the raw shard's bytes as a ``pread(n, at)`` callable with ``size()`` and
     ``close()`` (a remote shard's cached copy, ``path`` then only names it); None: read ``path``.
-    Opening raises DataError (naming file and shard) for a hash mismatch, corrupt
+    Opening raises DataError (naming file and shard) for a hash mismatch, a file size index.json does not
+    describe (``raw_data``/``zip_data`` bytes: see ``_read_header``), corrupt
     compressed data, a header that is truncated or disagrees with index.json, or offsets that cannot be
     trusted (``integrity.sample_offsets``); OSError if unreadable.
     """
@@ -54,6 +56,11 @@ class MdsReader:
         self._file: PreadFile | None = file
         self._mem: bytes | None = None
         compressed = file is None and meta.zip is not None and path == meta.zip_path
+        if compressed:  # one stat: a zip_data size that lies is refused before any decompression (as on download)
+            problem = size_problem("zip_data", meta.zip.bytes, os.stat(path).st_size)
+            if problem:
+                raise DataError(f"{problem}: index.json does not describe this compressed shard", path=path,
+                                shard=shard)
         if validate_hash:
             entry = meta.zip if compressed else meta.raw
             check_hash(path, validate_hash, entry.hashes[validate_hash], shard,
@@ -105,6 +112,12 @@ class MdsReader:
                                                     indexed_size=self.meta.raw.bytes, header_end=self.header_end)
         except ShardRefused as e:
             self._fail(f"bad offsets: {e}")
+        indexed, end = self.meta.raw.bytes, int(self.offsets[-1])
+        if self.file_size != indexed and end != indexed:
+            # index.json agrees with neither the file nor its header (a download of it would be refused). A
+            # truncated file, whose offsets still end where index.json says, keeps its intact samples readable.
+            self._fail(f"{size_problem('raw_data', indexed, self.file_size)} and its header's sample offsets end "
+                       f"at byte {end:,}: index.json does not describe this shard")
 
     @property
     def num_samples(self) -> int:
