@@ -26,6 +26,8 @@ Runners ``inline``/``threads``/``processes`` drive ``zephon.Loader`` directly; `
 the rank's step, every lane's rows); on request, ``zephon_torch_threads`` (that runner named explicitly) and
 ``zephon_torch_inline`` / ``zephon_streaming_inline`` / ``zephon_energon_inline`` (the inline runner in each host
 worker, the adapters' default before: no read-ahead but the host's prefetch);
+``zephon_streaming_dl`` (on request: a plain torch ``DataLoader(StreamingDataset, batch_size=8, num_workers=2)``, one
+worker yielding and collating each step through the step exchange);
 ``zephon_streaming`` and ``zephon_energon`` (and, on request, ``streaming`` and ``energon``: Mosaic's and Energon's own
 loaders on the same data and settings) iterate their host's own format (MDS, WebDataset from
 ``benchmarks/prepare.py``) as their hosts' users do: text samples, batch 8, 2 workers, a step being 8 batches, and
