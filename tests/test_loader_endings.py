@@ -60,9 +60,13 @@ def _stuck_loader(docs, tok, gate: threading.Event):
 def test_ctrl_c_while_a_worker_is_stuck_reaches_the_loop_at_once(docs, tokenizer_path):
     """SIGINT while next() waits on a worker stuck in a slow read: KeyboardInterrupt reaches the loop before the
     worker is released (the iteration's end no longer waits for units in flight; the old code joined the pool)."""
-    gate = threading.Event()
+    gate, raised = threading.Event(), threading.Event()
     L = _stuck_loader(docs, tokenizer_path, gate)
-    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+
+    def interrupt():  # every second until it arrives: one SIGINT can land in a finalizer, where Python ignores it
+        while not raised.wait(1.0):
+            os.kill(os.getpid(), signal.SIGINT)
+    timer = threading.Thread(target=interrupt, daemon=True)
     watchdog = threading.Timer(30.0, gate.set)  # the stuck read ends after 30 s: the old code waited for it
     timer.start()
     watchdog.start()
@@ -71,7 +75,8 @@ def test_ctrl_c_while_a_worker_is_stuck_reaches_the_loop_at_once(docs, tokenizer
             next(iter(L))
         released_before = gate.is_set()
     finally:
-        timer.cancel()
+        raised.set()
+        timer.join(5)
         watchdog.cancel()
         gate.set()
     assert not released_before, "KeyboardInterrupt reached the loop only after the stuck worker was released"
