@@ -88,20 +88,16 @@ def check_step_spread(states, names=None) -> None:
     if len(states) < 2 or (states[0].get("config", {}).get("work") or {}).get("exhaustion") != "repeat":
         return
     names = names or [f"state {i}" for i in range(len(states))]
-    spans = []
-    for s in states:
-        rps = s["rows_per_lane_step"]
-        steps = [e["delivered_rows"] // rps for e in s["lanes"]]
+    spans = []  # (first step, last step, name) of each state holding lanes
+    for s, name in zip(states, names):
+        steps = [e["delivered_rows"] // s["rows_per_lane_step"] for e in s["lanes"]]
         if steps:
-            spans.append((min(steps), max(steps)))
-        else:
-            spans.append(None)
-    known = [(sp, n) for sp, n in zip(spans, names) if sp is not None]
-    if not known:
+            spans.append((min(steps), max(steps), name))
+    if not spans:
         return
-    (lo, lo_name), (hi, hi_name) = min(known, key=lambda t: t[0][0]), max(known, key=lambda t: t[0][1])
+    lo, hi = min(spans, key=lambda t: t[0]), max(spans, key=lambda t: t[1])
     if hi[1] - lo[0] > MAX_STEP_SPREAD:
-        raise CheckpointError(f"rank states from different saves: {lo_name} is at step {lo[0]} and {hi_name} at step "
+        raise CheckpointError(f"rank states from different saves: {lo[2]} is at step {lo[0]} and {hi[2]} at step "
                               f"{hi[1]} ({hi[1] - lo[0]} steps apart; the ranks of one save of an endless stream are "
                               f"at most {MAX_STEP_SPREAD} apart). A rank's state was left from an earlier checkpoint, "
                               f"or a rank failed while saving: restore a save every rank completed")
