@@ -68,6 +68,9 @@ def test_ctrl_c_while_a_worker_is_stuck_reaches_the_loop_at_once(docs, tokenizer
             os.kill(os.getpid(), signal.SIGINT)
     timer = threading.Thread(target=interrupt, daemon=True)
     watchdog = threading.Timer(30.0, gate.set)  # the stuck read ends after 30 s: the old code waited for it
+    # Python's own Ctrl-C handler, as in a terminal: a process started in the background by a non-interactive shell
+    # (`nohup ... &`, some CI runners) inherits SIGINT ignored, and then no KeyboardInterrupt is ever raised
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer.start()
     watchdog.start()
     try:
@@ -79,6 +82,7 @@ def test_ctrl_c_while_a_worker_is_stuck_reaches_the_loop_at_once(docs, tokenizer
         timer.join(5)
         watchdog.cancel()
         gate.set()
+        signal.signal(signal.SIGINT, inherited)
     assert not released_before, "KeyboardInterrupt reached the loop only after the stuck worker was released"
 
 
