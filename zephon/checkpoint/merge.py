@@ -9,7 +9,7 @@ from .schema import CheckpointError, LaneCursor, lane_ranges, make_state, valida
 MAX_STEP_SPREAD = 2
 
 
-def merge_states(states, *, complete: bool = True) -> dict:
+def merge_states(states, *, complete: bool = True, names=None) -> dict:
     """Merge per-rank checkpoints into one global checkpoint that any dp_degree can restore.
 
     ``states``: iterable of checkpoint dicts (each with a subset of the lanes), in rank order. A lane may be
@@ -19,7 +19,8 @@ def merge_states(states, *, complete: bool = True) -> dict:
     positions in ``states`` and where each one is), or (with
     ``complete``, the default) any of the ``canonical_replicas`` lanes is missing (named). ``complete=False``
     merges what is there (e.g. the rank states one rank could read); restoring it then names the lanes a
-    loader needs and it lacks."""
+    loader needs and it lacks. ``names``: what the messages call each state (``check_step_spread``'s; default
+    ``state i``). States of an endless stream more than ``MAX_STEP_SPREAD`` steps apart are refused."""
     states = list(states)
     if not states:
         raise CheckpointError("no rank states to merge")
@@ -40,7 +41,7 @@ def merge_states(states, *, complete: bool = True) -> dict:
     missing = sorted(set(range(r)) - set(merged)) if complete else []
     if missing:
         raise CheckpointError(f"merged checkpoint lacks lanes {lane_ranges(missing)} of {r}: a rank's state is missing")
-    check_step_spread(states)
+    check_step_spread(states, names)
     return make_state(first["fingerprint"], first["config"], r, first["rows_per_lane_step"], list(merged.values()))
 
 

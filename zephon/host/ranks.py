@@ -83,13 +83,11 @@ def load_rank_states(read_entry, saved_dp: int, new_dp: int, new_rank: int, cano
                                     saved_assignment=saved_assignment, new_assignment=new_assignment)
     states = [_checked(read_entry(r), r, saved_dp, saved_assignment) for r in old_ranks]
     names = [f"old rank {r}'s entry" for r in old_ranks]
+    merged = merge_states(states, complete=False, names=names)  # checks these entries' steps too
     other = (max(old_ranks) + 1) % saved_dp
     if check_entry is not None and other not in old_ranks:
         check_step_spread(states + [_checked(check_entry(other), other, saved_dp, saved_assignment)],
                           names + [f"old rank {other}'s entry"])
-    else:
-        check_step_spread(states, names)
-    merged = merge_states(states, complete=False)
     have = {e["lane"] for e in merged["lanes"]}
     lacking = [lane for lane in lanes_for_rank(canonical_replicas, new_dp, new_rank, new_assignment)
                if lane not in have]
@@ -110,19 +108,24 @@ def rank_checkpoint(state: dict, dp_degree: int, dp_rank: int, lane_assignment: 
     return dict(state, saved_at={k: entry[k] for k in ("dp_degree", "dp_rank", "lane_assignment")})
 
 
+def _as_entry(entry):
+    """``entry`` in ``save_rank_state``'s form: a ``rank_checkpoint`` (a state with ``saved_at``) turned into it;
+    anything else as it is."""
+    if isinstance(entry, dict) and isinstance(entry.get("saved_at"), dict) and "lanes" in entry:
+        return dict(entry["saved_at"], format=RANK_FORMAT, state=entry)
+    return entry
+
+
 def _saved_dp(entry):
     """The dp degree an entry (``save_rank_state``'s or ``rank_checkpoint``'s) says it was saved at, or None."""
-    if not isinstance(entry, dict):
-        return None
-    saved = entry.get("saved_at")
-    return saved.get("dp_degree") if isinstance(saved, dict) else entry.get("dp_degree")
+    entry = _as_entry(entry)
+    return entry.get("dp_degree") if isinstance(entry, dict) else None
 
 
 def _checked(entry, old_rank: int, saved_dp: int, saved_assignment: str) -> dict:
     """``entry``'s state after checking it is ``old_rank``'s entry of a ``saved_dp`` save (a ``save_rank_state``
     entry, or a ``rank_checkpoint``)."""
-    if isinstance(entry, dict) and isinstance(entry.get("saved_at"), dict) and "lanes" in entry:
-        entry = dict(entry["saved_at"], format=RANK_FORMAT, state=entry)
+    entry = _as_entry(entry)
     if not isinstance(entry, dict) or entry.get("format") != RANK_FORMAT:
         fmt = entry.get("format") if isinstance(entry, dict) else type(entry).__name__
         raise CheckpointError(f"old rank {old_rank}'s entry is not a Zephon rank state (format {fmt!r}, expected "
