@@ -87,7 +87,9 @@ def _build(cfg):
 
 def _imports(impl: str) -> None:
     """Import what ``impl`` needs before the clock starts (import time is not the loader's)."""
-    mods = {"zephon": ["zephon.engine", "zephon.ops", "tokenizers"], "grain": ["grain", "tokenizers"],
+    # zephon imports its modules on first use: name those the loader's build uses (format detection tries each format)
+    mods = {"zephon": ["zephon.engine.loader", "zephon.formats.energon", "zephon.formats.mds", "zephon.ops",
+                       "tokenizers"], "grain": ["grain", "tokenizers"],
             "torch": ["torch", "tokenizers"], "streaming": ["streaming", "torch"],
             "zephon_streaming": ["zephon_streaming", "torch"], "energon": ["megatron.energon", "torch"],
             "zephon_energon": ["zephon_energon", "torch"]}[impl]

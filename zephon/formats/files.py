@@ -15,24 +15,30 @@ from .base import MAX_OPEN_READERS, Dataset, ShardInfo
 from .discovery import EXTENSIONS, FORMATS, expand_remote, expand_source
 from .errors import DataError, DataWarning
 from .jsonl import JsonlReader
-from .parquet import ParquetReader
-
-READERS = {"jsonl": JsonlReader, "parquet": ParquetReader}
 _OPEN_THREADS = 8       # files indexed concurrently by open_files (numpy/zstd/zlib release the GIL)
 
 
 def open_reader(path: str, fmt: str, shard_id: int | None, columns: Sequence[str] | None, cache_dir: str | None,
                 file=None):
-    """A reader of one file: ``READERS[fmt](path, ...)``.
+    """A reader of one file: ``JsonlReader`` or ``ParquetReader`` by ``fmt``.
 
     path: the file. fmt: "jsonl" | "parquet". shard_id: for messages. columns: project records to these.
     cache_dir: fallback location of JSONL index caches. file: a remote object's view (``remote_file``), then
     ``path`` is its URL. Raises DataError naming the file for bad data or an unreadable file.
     """
     try:
-        return READERS[fmt](path, shard=shard_id, columns=columns, cache_dir=cache_dir, file=file)
+        return _reader_class(fmt)(path, shard=shard_id, columns=columns, cache_dir=cache_dir, file=file)
     except OSError as e:
         raise DataError(f"cannot read file: {e.strerror or e}", path=path, shard=shard_id) from e
+
+
+def _reader_class(fmt: str):
+    """The reader class of file format ``fmt``. Parquet's (pyarrow, about 0.05 s to import) is imported by the
+    first Parquet file, not by every process that imports Zephon."""
+    if fmt == "parquet":
+        from .parquet import ParquetReader
+        return ParquetReader
+    return JsonlReader
 
 
 def remote_file(info: ShardInfo, where: tuple):

@@ -10,12 +10,11 @@ format ``name``, ``columns``, ``cache_dir`` and ``on_error``. Every format reads
 from __future__ import annotations
 
 import functools
-
+import importlib
 import inspect
 import os
 from typing import Callable, NamedTuple
 
-from . import energon, mds
 from .base import Dataset
 from .discovery import format_of
 from .files import open_files
@@ -25,24 +24,42 @@ COMMON_KEYWORDS = ("name", "columns", "cache_dir", "on_error")
 
 
 class Format(NamedTuple):
-    """One entry of ``FORMATS``.
+    """One entry of ``FORMATS``. Its module is imported on first use of ``detect`` or ``open``: a worker process
+    that only reads (its datasets unpickled) never imports a format it does not read (Energon's and MDS's readers
+    cost a spawned worker about 0.1 s of start-up).
 
-    detect: ``detect(source) -> bool``, cheap and never raising; None for a file format, which is
-        recognised per file by extension instead (so one directory may mix JSONL and Parquet files).
-    open: ``open(source, *, name, columns, cache_dir, on_error, **its own keywords) -> Dataset``.
+    module: the module, relative to ``zephon.formats``, holding the functions.
+    detect_name: its ``detect(source, fetcher=None) -> bool``, cheap and never raising; None for a file format,
+        which is recognised per file by extension instead (so one directory may mix JSONL and Parquet files).
+    open_name: its ``open(source, *, name, columns, cache_dir, on_error, **its own keywords) -> Dataset``.
     title: the format's name in messages.
+    file_format: the ``format`` keyword given to a file format's opener (``files.open_files``); None: none.
     """
-    detect: Callable[[object], bool] | None
-    open: Callable[..., Dataset]
+    module: str
+    detect_name: str | None
+    open_name: str
     title: str
+    file_format: str | None = None
+
+    @property
+    def detect(self) -> Callable[..., bool] | None:
+        return None if self.detect_name is None else getattr(self._module(), self.detect_name)
+
+    @property
+    def open(self) -> Callable[..., Dataset]:
+        opener = getattr(self._module(), self.open_name)
+        return functools.partial(opener, format=self.file_format) if self.file_format else opener
+
+    def _module(self):
+        return importlib.import_module(self.module, __package__)
 
 
 # Detected formats are tried in this order when format=None; nothing detected: files by extension.
 FORMATS: dict[str, Format] = {
-    "energon": Format(energon.is_energon_source, energon.open_energon, "Energon"),
-    "mds": Format(mds.is_mds_source, mds.open_mds, "MDS"),
-    "jsonl": Format(None, functools.partial(open_files, format="jsonl"), "JSONL"),  # every file as JSON Lines
-    "parquet": Format(None, functools.partial(open_files, format="parquet"), "Parquet"),
+    "energon": Format(".energon", "is_energon_source", "open_energon", "Energon"),
+    "mds": Format(".mds", "is_mds_source", "open_mds", "MDS"),
+    "jsonl": Format(".files", None, "open_files", "JSONL", "jsonl"),  # every file as JSON Lines
+    "parquet": Format(".files", None, "open_files", "Parquet", "parquet"),
 }
 
 
