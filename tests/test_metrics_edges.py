@@ -1,0 +1,51 @@
+"""``Loader.metrics()`` and its exporters under awkward use: read from another thread while the inline runner works
+inside ``next()``, and names the Prometheus text format must escape. See docs/metrics.md."""
+import json
+import threading
+import time
+
+from zephon import Batch, Decode, Loader, Map, Pack, Tokenize, open_dataset
+
+SLOW_S = 0.05  # seconds per document of the slow map: a unit of 8 documents takes 0.4 s inside next()
+
+
+def slow(record):
+    """Sleep, then pass the record on (module-level: a Map function)."""
+    time.sleep(SLOW_S)
+    return record
+
+
+def test_metrics_from_another_thread_do_not_wait_for_inline_work(tmp_path):
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": f"doc {i} " * 9}) + "\n" for i in range(24)))
+    ops = [Decode(), Map(slow), Tokenize("bytes", eos_id=2), Pack(64, method="concat"), Batch(1)]
+    loader = Loader([open_dataset(str(tmp_path))], ops, canonical_replicas=1, global_batch_size=1, chunk_size=8,
+                    exhaustion="stop", runner="inline")
+    it = iter(loader)
+    first = next(it)
+    rows_before = loader.metrics()["rows"]
+    lat, started, stop = [], threading.Event(), threading.Event()
+
+    def reader():
+        started.wait()
+        while not stop.is_set():
+            t = time.perf_counter()
+            m = loader.metrics()
+            lat.append((time.perf_counter() - t, m["rows"]))
+            time.sleep(0.02)
+
+    th = threading.Thread(target=reader)
+    th.start()
+    t0 = time.perf_counter()
+    started.set()
+    taken = 0
+    while time.perf_counter() - t0 < 1.0:  # rows of later units: next() works (SLOW_S x 8 per unit) holding the lock
+        next(it)
+        taken += 1
+    stop.set()
+    th.join()
+    loader.close()
+    assert first["input_ids"].shape == (1, 64) and rows_before == 1
+    assert len(lat) >= 10, f"only {len(lat)} reads in 1 s: metrics() waited for next()'s work ({lat})"
+    assert max(s for s, _ in lat) < 0.3, f"a metrics() read waited {max(s for s, _ in lat):.2f}s"
+    # what the reads said is what was delivered: never more than the rows taken so far
+    assert all(1 <= rows <= 1 + taken for _, rows in lat) and loader.metrics()["rows"] == 1 + taken
