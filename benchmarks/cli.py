@@ -138,7 +138,7 @@ def parse(argv):
     takers = [s.name for s in sections if s.own_options]
     if rest and len(takers) != 1:
         ap.error(f"options {rest} need exactly one section that takes its own options in --only "
-                 f"(throughput, checkpoint-cost, first-batch or curricula); got {takers or 'none'}")
+                 f"({', '.join(s.name for s in SECTIONS if s.own_options)}); got {takers or 'none'}")
     return args, rest, sections
 
 
@@ -150,8 +150,9 @@ def main(argv=None) -> int:
     given = sys.argv[1:] if argv is None else list(argv)
     args, rest, sections = parse(given)
     if args.list:
+        width = max(len(s.name) for s in SECTIONS)  # the help texts in one column, whatever the longest name
         for s in SECTIONS:
-            print(f"{s.name:<16} {s.number or '':>1}  {s.help}")
+            print(f"{s.name:<{width}} {s.number or '':>1}  {s.help}")
         return 0
     status = 0
     compared = {s.number for s in sections if s.number}
