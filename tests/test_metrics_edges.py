@@ -49,3 +49,27 @@ def test_metrics_from_another_thread_do_not_wait_for_inline_work(tmp_path):
     assert max(s for s, _ in lat) < 0.3, f"a metrics() read waited {max(s for s, _ in lat):.2f}s"
     # what the reads said is what was delivered: never more than the rows taken so far
     assert all(1 <= rows <= 1 + taken for _, rows in lat) and loader.metrics()["rows"] == 1 + taken
+
+
+def test_verify_writes_the_metrics_it_prints(tmp_path, capsys):
+    from zephon.cli import main
+
+    for name, n in (("web", 30), ("code", 12)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "a.jsonl").write_text("".join(json.dumps({"text": f"{name} {i} " * (i % 7 + 1)}) + "\n"
+                                                         for i in range(n)))
+    out_json = tmp_path / "report.json"
+    steps, lanes, micro, L = 6, 4, 2, 16
+    rc = main(["verify", "--data", str(tmp_path / "web"), "--data", str(tmp_path / "code"), "--weights", "5,2",
+               "--tokenizer", "bytes", "--eos-token", "2", "--canonical-replicas", str(lanes), "--dp", "2",
+               "--resume-dp", "4", "--checkpoint-step", "3", "--steps", str(steps), "--max-length", str(L),
+               "--micro-batch", str(micro), "--pack-method", "concat", "--no-progress", "--output-json", str(out_json)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    m = json.loads(out_json.read_text())["metrics"]
+    rows = steps * lanes * micro  # the reference run's global steps; concat rows of an endless stream are full
+    assert (m["rows"], m["tokens"], m["padding_tokens"]) == (rows, rows * L, 0)
+    assert sum(d["tokens"] for d in m["datasets"].values()) == rows * L
+    assert f"metrics: {rows:,} rows, {rows * L:,} tokens" in out
+    for name, d in m["datasets"].items():
+        assert f"{name} {d['samples']:,} samples / {d['tokens']:,} tokens" in out
