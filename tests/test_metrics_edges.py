@@ -73,3 +73,20 @@ def test_verify_writes_the_metrics_it_prints(tmp_path, capsys):
     assert f"metrics: {rows:,} rows, {rows * L:,} tokens" in out
     for name, d in m["datasets"].items():
         assert f"{name} {d['samples']:,} samples / {d['tokens']:,} tokens" in out
+
+
+def test_rows_of_tokens_without_pack_count_their_tokens(tmp_path):
+    texts = [f"document {i} " + "x" * (i % 11) for i in range(27)]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    want = sum(len(t.encode()) + 1 for t in texts)  # the byte tokenizer: a token per byte, plus the EOS
+    for split in (None, 5):  # whole documents, and documents cut into pieces of at most 5 tokens
+        ops = [Decode(), Tokenize("bytes", eos_id=2, max_length=split), Batch(2, drop_last=False)]
+        loader = Loader([open_dataset(str(tmp_path), name="web")], ops, canonical_replicas=2, global_batch_size=4,
+                        chunk_size=4, exhaustion="stop")
+        seen = 0
+        for mb in loader:  # rows at their own lengths: a list of token arrays, no mask
+            seen += sum(len(ids) for ids in mb["input_ids"][:len(mb["input_ids"]) - mb.get("__pad__", 0)])
+        m = loader.metrics()
+        assert seen == want
+        assert m["tokens"] == m["datasets"]["web"]["tokens"] == want, (split, m["tokens"])
+        assert (m["padding_tokens"], m["padding_fraction"], m["datasets"]["web"]["samples"]) == (0, 0.0, len(texts))
