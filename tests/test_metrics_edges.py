@@ -90,3 +90,32 @@ def test_rows_of_tokens_without_pack_count_their_tokens(tmp_path):
         assert seen == want
         assert m["tokens"] == m["datasets"]["web"]["tokens"] == want, (split, m["tokens"])
         assert (m["padding_tokens"], m["padding_fraction"], m["datasets"]["web"]["samples"]) == (0, 0.0, len(texts))
+
+
+def test_concat_after_a_splitting_tokenize_warns_that_pieces_become_documents(tmp_path):
+    """Tokenize(max_length=...) then Pack(method="concat") (the README's best-fit pipeline with the method changed):
+    concat packs each piece as a document. Checked on the rows (positions restart inside a document), then the
+    warning at construction; Tokenize without max_length gives the rows of the whole documents and no warning."""
+    import warnings
+
+    import numpy as np
+    import pytest
+
+    text = "abcdefghijklmnopqrstuvwxyz"  # one document of 27 tokens (26 bytes and the EOS)
+    (tmp_path / "a.jsonl").write_text(json.dumps({"text": text}) + "\n")
+
+    def rows(split):
+        ops = [Decode(), Tokenize("bytes", eos_id=2, max_length=split), Pack(32, method="concat"),
+               Batch(1, drop_last=False)]
+        loader = Loader([open_dataset(str(tmp_path))], ops, canonical_replicas=1, global_batch_size=1,
+                        exhaustion="stop")
+        return [mb for mb in loader]
+
+    with pytest.warns(UserWarning, match=r"Tokenize\(max_length=10\) before Pack\(method='concat'\)"):
+        split = rows(10)
+    assert split[0]["position_ids"][0, :27].tolist() == [*range(10), *range(10), *range(7)]  # what it warns of
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        whole = rows(None)
+    assert whole[0]["position_ids"][0, :27].tolist() == list(range(27))
+    np.testing.assert_array_equal(whole[0]["input_ids"][0, :27], [b + 3 for b in text.encode()] + [2])
