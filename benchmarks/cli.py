@@ -44,6 +44,8 @@ def _own(module: str, forward: tuple[str, ...]) -> Callable:
             argv.append("--quick")
         if "repeats" in forward and args.repeats:
             argv += ["--repeats", str(args.repeats)]
+        if "write" in forward and (args.no_write or (args.quick and not args.write)):
+            argv.append("--no-plot")  # docs/img/ is written only when the entry point would write docs
         return importlib.import_module(f"benchmarks.{module}").main(argv)
     return run
 
@@ -100,7 +102,7 @@ SECTIONS = [
             "and Energon (benchmarks/first_batch_peers.py)", _own("first_batch_peers", ("workdir", "quick", "repeats")),
             True),
     Section("curricula", None, "realised dataset shares under a curriculum schedule (benchmarks/curricula.py)",
-            _own("curricula", ()), True),
+            _own("curricula", ("write",)), True),
     Section("titan", None, "loss curves through TorchTitan's own Trainer on CPU: checkpoint on 4 ranks, resume on 1 "
             "and 2, from-scratch spread (benchmarks/titan/curves.py; GPUs: scripts/titan_elastic.sh)",
             _own("titan.curves", ("workdir", "quick")), True),

@@ -41,3 +41,18 @@ def test_the_sections_taking_their_own_options_are_all_named(capsys):
         parse(["--only", "packing,restore", "--runners", "threads"])
     err = capsys.readouterr().err
     assert all(name in err for name in takers), err
+
+
+def test_no_write_leaves_docs_img_alone(tmp_path, monkeypatch):
+    """`python -m benchmarks --only curricula --no-write` (and `--quick` without `--write`) prints its summary and
+    writes no plot into docs/img/ (it wrote docs/img/curriculum.png whatever the flags)."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks.cli import main
+
+    monkeypatch.chdir(tmp_path)  # the plot's default path is relative: docs/img/curriculum.png here
+    (tmp_path / "docs" / "img").mkdir(parents=True)
+    for flags in (["--no-write"], ["--quick"]):
+        assert main(["--only", "curricula", *flags, "--steps", "5"]) == 0
+        assert not (tmp_path / "docs" / "img" / "curriculum.png").exists(), flags
+    assert main(["--only", "curricula", "--quick", "--write", "--steps", "5"]) == 0
+    assert (tmp_path / "docs" / "img" / "curriculum.png").stat().st_size > 0
