@@ -1,8 +1,14 @@
-"""``Loader.metrics()`` and its exporters under awkward use: read from another thread while the inline runner works
-inside ``next()``, and names the Prometheus text format must escape. See docs/metrics.md."""
+"""``Loader.metrics()`` under awkward use, each count checked against one made here from the input: read from another
+thread while the inline runner works inside ``next()``, rows of tokens without ``Pack``, what ``zephon verify`` writes
+and prints, the demo numbers docs/metrics.md quotes; and the warning for a splitting ``Tokenize`` before concat
+packing. See docs/metrics.md."""
 import json
 import threading
 import time
+import warnings
+
+import numpy as np
+import pytest
 
 from zephon import Batch, Decode, Loader, Map, Pack, Tokenize, open_dataset
 
@@ -96,11 +102,6 @@ def test_concat_after_a_splitting_tokenize_warns_that_pieces_become_documents(tm
     """Tokenize(max_length=...) then Pack(method="concat") (the README's best-fit pipeline with the method changed):
     concat packs each piece as a document. Checked on the rows (positions restart inside a document), then the
     warning at construction; Tokenize without max_length gives the rows of the whole documents and no warning."""
-    import warnings
-
-    import numpy as np
-    import pytest
-
     text = "abcdefghijklmnopqrstuvwxyz"  # one document of 27 tokens (26 bytes and the EOS)
     (tmp_path / "a.jsonl").write_text(json.dumps({"text": text}) + "\n")
 
@@ -119,3 +120,30 @@ def test_concat_after_a_splitting_tokenize_warns_that_pieces_become_documents(tm
         whole = rows(None)
     assert whole[0]["position_ids"][0, :27].tolist() == list(range(27))
     np.testing.assert_array_equal(whole[0]["input_ids"][0, :27], [b + 3 for b in text.encode()] + [2])
+
+
+@pytest.mark.slow  # ~15 s per packer on 2 cores: one pass of the demo corpus; docs/metrics.md quotes its numbers
+@pytest.mark.parametrize("method", ["best_fit", "first_fit", "concat"])
+def test_the_documented_demo_padding(method):
+    from pathlib import Path
+
+    from zephon.demo_corpus import default_workdir
+
+    demo = default_workdir()
+    datasets = [open_dataset(f"{demo}/jsonl/source"), open_dataset(f"{demo}/jsonl/docstrings")]
+    ops = [Decode("text"), Tokenize(f"{demo}/tokenizer-bpe8192.json", eos_id="<eos>",
+                                    max_length=None if method == "concat" else 2048),
+           Pack(2048, method=method), Batch(1, drop_last=False)]
+    loader = Loader(datasets, ops, weights=[d.num_samples for d in datasets], canonical_replicas=8,
+                    exhaustion="stop", runner="threads", num_workers=2)
+    rows = tokens = 0
+    for mb in loader:
+        real = len(mb["input_ids"]) - mb.get("__pad__", 0)
+        rows += real
+        tokens += int(mb["attention_mask"][:real].sum())
+    m = loader.metrics()
+    assert (m["rows"], m["tokens"], m["padding_tokens"]) == (rows, tokens, rows * 2048 - tokens)
+    doc = " ".join((Path(__file__).parent.parent / "docs" / "metrics.md").read_text().split())
+    assert f"{tokens:,} tokens with" in doc and f"`padding_rows` ({m['padding_rows']})" in doc
+    assert f"({m['padding_tokens']:,} padding tokens, {rows:,} rows" in doc
+    assert f"`padding_fraction` was {100 * m['padding_fraction']:.2f} %" in doc
