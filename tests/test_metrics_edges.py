@@ -147,3 +147,22 @@ def test_the_documented_demo_padding(method):
     assert f"{tokens:,} tokens with" in doc and f"`padding_rows` ({m['padding_rows']})" in doc
     assert f"({m['padding_tokens']:,} padding tokens, {rows:,} rows" in doc
     assert f"`padding_fraction` was {100 * m['padding_fraction']:.2f} %" in doc
+
+
+def test_metrics_are_plain_python_data(tmp_path):
+    """Every number of ``metrics()`` is a Python int or float (numpy scalars break YAML's safe_dump, orjson...)."""
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(12)))
+    ops = [Decode(), Tokenize("bytes", eos_id=2), Pack(16, method="concat"), Batch(2, drop_last=False)]
+    loader = Loader([open_dataset(str(tmp_path), name="web")], ops, canonical_replicas=2, global_batch_size=4,
+                    exhaustion="stop")
+    rows = sum(len(mb["input_ids"]) - mb.get("__pad__", 0) for mb in loader)
+    m = loader.metrics()
+    assert m["rows"] == rows and m["datasets"]["web"]["samples"] == 12
+
+    def numbers(d):
+        for v in d.values():
+            if isinstance(v, dict):
+                yield from numbers(v)
+            else:
+                yield v
+    assert {type(v) for v in numbers(m)} <= {int, float}, {type(v) for v in numbers(m)}

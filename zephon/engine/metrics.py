@@ -117,8 +117,9 @@ class MetricsCounter:
             elapsed = max(time.perf_counter() - self.started, 1e-9)
             total_s, total_t = int(self.samples.sum()), int(self.tokens.sum())
             datasets = {name: {"samples": int(self.samples[d]), "tokens": int(self.tokens[d]),
-                               "sample_share": self.samples[d] / total_s if total_s else 0.0,
-                               "token_share": self.tokens[d] / total_t if total_t else 0.0,
+                               # Python floats, not numpy's: plain data for any serializer (YAML, orjson...)
+                               "sample_share": int(self.samples[d]) / total_s if total_s else 0.0,
+                               "token_share": int(self.tokens[d]) / total_t if total_t else 0.0,
                                "target_share": target[d]}
                         for d, name in enumerate(names)}
             now = remote_stats()
