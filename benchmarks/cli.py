@@ -44,6 +44,8 @@ def _own(module: str, forward: tuple[str, ...]) -> Callable:
             argv.append("--quick")
         if "repeats" in forward and args.repeats:
             argv += ["--repeats", str(args.repeats)]
+        if "write" in forward and (args.no_write or (args.quick and not args.write)):
+            argv.append("--no-plot")  # docs/img/ is written only when the entry point would write docs
         return importlib.import_module(f"benchmarks.{module}").main(argv)
     return run
 
@@ -100,7 +102,7 @@ SECTIONS = [
             "and Energon (benchmarks/first_batch_peers.py)", _own("first_batch_peers", ("workdir", "quick", "repeats")),
             True),
     Section("curricula", None, "realised dataset shares under a curriculum schedule (benchmarks/curricula.py)",
-            _own("curricula", ()), True),
+            _own("curricula", ("write",)), True),
     Section("titan", None, "loss curves through TorchTitan's own Trainer on CPU: checkpoint on 4 ranks, resume on 1 "
             "and 2, from-scratch spread (benchmarks/titan/curves.py; GPUs: scripts/titan_elastic.sh)",
             _own("titan.curves", ("workdir", "quick")), True),
@@ -138,7 +140,7 @@ def parse(argv):
     takers = [s.name for s in sections if s.own_options]
     if rest and len(takers) != 1:
         ap.error(f"options {rest} need exactly one section that takes its own options in --only "
-                 f"(throughput, checkpoint-cost, first-batch or curricula); got {takers or 'none'}")
+                 f"({', '.join(s.name for s in SECTIONS if s.own_options)}); got {takers or 'none'}")
     return args, rest, sections
 
 
@@ -150,8 +152,9 @@ def main(argv=None) -> int:
     given = sys.argv[1:] if argv is None else list(argv)
     args, rest, sections = parse(given)
     if args.list:
+        width = max(len(s.name) for s in SECTIONS)  # the help texts in one column, whatever the longest name
         for s in SECTIONS:
-            print(f"{s.name:<16} {s.number or '':>1}  {s.help}")
+            print(f"{s.name:<{width}} {s.number or '':>1}  {s.help}")
         return 0
     status = 0
     compared = {s.number for s in sections if s.number}

@@ -153,18 +153,21 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="docs/img/curriculum.png")
     ap.add_argument("--json", default=None, help="write the per-step counts and the summary here")
     ap.add_argument("--replot", default=None, help="plot a --json file written earlier instead of running")
+    ap.add_argument("--no-plot", action="store_true", help="print the summary only (the entry point's --no-write)")
     args = ap.parse_args(argv)
     if args.replot:
         with open(args.replot) as f:
             result = json.load(f)
     else:
         result = run(args.steps)
-    plot(result, args.out)
+    if not args.no_plot:
+        plot(result, args.out)
     s = summary(result)
     print(json.dumps(s, indent=1))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({**result, "summary": s}, f)
-    print(f"wrote {args.out}", file=sys.stderr)
+    if not args.no_plot:
+        print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

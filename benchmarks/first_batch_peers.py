@@ -32,7 +32,8 @@ def _zephon_text(cfg):
 
     m = cfg["manifest"]
     datasets = [open_dataset(fs, name=n) for fs, n in zip(m["jsonl"], m["names"])]
-    ops = [Decode(), Tokenize(m["tokenizer"], eos_id="<eos>", max_length=SEQ), Pack(SEQ, method=cfg["method"]),
+    split = None if cfg["method"] == "concat" else SEQ  # concat cuts whole documents itself
+    ops = [Decode(), Tokenize(m["tokenizer"], eos_id="<eos>", max_length=split), Pack(SEQ, method=cfg["method"]),
            Batch(BATCH, drop_last=False)]
     return Loader(datasets, ops, weights=[ds.num_samples for ds in datasets], seed=0, canonical_replicas=8,
                   chunk_size=1024, exhaustion="stop", runner=cfg["runner"], num_workers=2, unit_size=256)

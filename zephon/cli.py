@@ -78,7 +78,8 @@ def _run_verify(args, tokenizer_path) -> int:
         with open(args.output_json, "w") as fh:
             json.dump({"reference": report["reference"].digests,
                        "runs": {p.name: p.digests for p in [report["checkpointed"], *report["resumes"]]},
-                       "checkpoint": report["checkpoint"], "mismatches": report["mismatches"]}, fh, indent=1)
+                       "checkpoint": report["checkpoint"], "mismatches": report["mismatches"],
+                       "metrics": report["metrics"]}, fh, indent=1)
     rows = None
     if args.table_rows:
         lo = max(0, args.checkpoint_step - args.table_rows)
@@ -257,7 +258,8 @@ def _pipeline_args(p, demo: bool, debug: bool = False) -> None:
     p.add_argument("--on-error", default="raise", choices=["raise", "skip"],
                    help="bad samples: raise (default) or skip, count and report them")
     if not debug:
-        p.add_argument("--output-json", default=None, help="write every step's digests and the checkpoint here")
+        p.add_argument("--output-json", default=None,
+                       help="write every step's digests, the checkpoint and the reference run's metrics here")
         p.add_argument("--table-rows", type=_positive, default=None,
                        help="show only this many steps either side of the checkpoint")
     p.add_argument("--no-progress", action="store_true")

@@ -164,7 +164,8 @@ def build_loader(args, datasets, tok_path, runner, method: str = "best_fit"):
     from zephon.engine import Loader
     from zephon.ops import Batch, Decode, Pack, Shuffle, Tokenize
 
-    ops = [Decode(), Tokenize(tok_path, eos_id="<eos>", max_length=args.seq_len),
+    # concat cuts whole documents itself (pieces of a split one would be packed as documents of their own)
+    ops = [Decode(), Tokenize(tok_path, eos_id="<eos>", max_length=None if method == "concat" else args.seq_len),
            Pack(args.seq_len, method=method)]
     if args.shuffle_buffer:
         ops.append(Shuffle(args.shuffle_buffer, seed=args.seed))

@@ -1,5 +1,5 @@
 """What a Loader counts: per-iteration skip limits (``SkipLedger``), the dry-lane limit, and the bodies of
-``Loader.stats()`` and ``Loader.metrics()`` (read holding the loader's lock; documented on those methods)."""
+``Loader.stats()`` and ``Loader.metrics()`` (documented on those methods)."""
 from __future__ import annotations
 
 from .plan import LoaderPlan, dataset_names
@@ -45,16 +45,33 @@ def loader_stats(loader) -> dict:
     return out
 
 
-def loader_metrics(loader, earlier_skips: tuple[int, int]) -> dict:
-    """``Loader.metrics()`` of ``loader`` (its lock held). earlier_skips: samples skipped and records filtered by
-    the lanes of its iterations before the current one."""
+#: seconds ``Loader.metrics()`` waits for the loader's lock before it reuses the lanes' facts of its previous read
+METRICS_LOCK_S = 0.05
+
+
+def loader_metrics(loader) -> dict:
+    """``Loader.metrics()`` of ``loader``. The counts (``MetricsCounter``) have their own lock; only the facts read
+    off the lanes (the step for ``target_share``, ``skipped``, ``filtered``) need the loader's. The inline runner
+    holds that lock through the work inside ``next()`` (seconds for a slow unit): a read from another thread (a
+    Prometheus scrape) then does not wait for it but reuses those facts as of its previous read."""
+    lock = loader._lock
+    if lock.acquire(timeout=METRICS_LOCK_S if loader._lane_facts is not None else -1):
+        try:
+            loader._lane_facts = _lane_facts(loader)
+        finally:
+            lock.release()
+    return loader._metrics.snapshot(names=dataset_names(loader.datasets), **loader._lane_facts)
+
+
+def _lane_facts(loader) -> dict:
+    """What ``loader_metrics`` reads holding the loader's lock: ``target`` (the mixture's shares at the current
+    step), ``workers``, and the samples ``skipped`` and records ``filtered`` (those of earlier iterations too)."""
     sts = loader.lane_pipelines()
     step = min((s.lane_cursor().step(loader.rows_per_lane_step) for s in sts), default=0)
     source = loader.source
     weights = list(source.schedule.shares(step)) if source.schedule is not None else list(source.mixture.weights)
     total = sum(weights) or 1
-    workers = 1 if loader._runner_spec == "inline" else loader.num_workers
-    return loader._metrics.snapshot(
-        names=dataset_names(loader.datasets), target=[float(w / total) for w in weights], workers=workers,
-        skipped=earlier_skips[0] + sum(s.skipped for s in sts),
-        filtered=earlier_skips[1] + sum(s.filtered for s in sts))
+    earlier = loader._skips  # skipped and filtered by the lanes of its iterations before the current one
+    return {"target": [float(w / total) for w in weights],
+            "workers": 1 if loader._runner_spec == "inline" else loader.num_workers,
+            "skipped": earlier[0] + sum(s.skipped for s in sts), "filtered": earlier[1] + sum(s.filtered for s in sts)}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 from ..formats import Dataset
 
@@ -17,6 +18,13 @@ def check_ops(ops, num_datasets: int) -> None:
         elif isinstance(op, Pack):
             if tok_max is None:
                 raise ValueError("Pack needs tokenized records: put a Tokenize operator before it")
+            if op.method == "concat" and tok_max != float("inf"):
+                # concat cuts documents itself; it cannot tell a piece from a document (each starts at its own token
+                # 0), so a split document's pieces would be packed as documents of their own
+                warnings.warn(f"Tokenize(max_length={tok_max}) before Pack(method='concat'): each piece of a split "
+                              f"document is packed as a document of its own (position_ids and cu_seqlens restart "
+                              f"at it and the target of its first token is masked); concat cuts documents of any "
+                              f"length itself: use Tokenize(max_length=None)", UserWarning, stacklevel=4)
             if tok_max > op.max_length and op.method != "concat":  # concat cuts documents of any length
                 given = None if tok_max == float("inf") else tok_max
                 raise ValueError(f"Tokenize(max_length={given}) lets documents longer than Pack(max_length="

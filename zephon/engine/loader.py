@@ -161,6 +161,7 @@ class Loader:
         self.tail = Tail(self)
         self._metrics = MetricsCounter(len(plan.datasets))
         self._skips = (0, 0)  # skipped and filtered by the lanes of iterations before the current one
+        self._lane_facts: dict | None = None  # metrics()'s facts read off the lanes at its last read (accounting.py)
         self.max_skip_fraction = max_skip_fraction
         new_ledger(plan, self.lanes, max_skip_fraction)  # validates max_skip_fraction now
 
@@ -369,9 +370,9 @@ class Loader:
         worker stages summed over workers); ``consumer_wait_s`` and ``consumer_wait_fraction`` (of ``elapsed_s``:
         time spent inside ``next()``, the loader making the training loop wait); ``worker_utilization`` (worker
         seconds / (elapsed x workers)); ``units``; ``remote``: this process's object-storage downloads and bytes.
-        Exporters: ``zephon.host.metrics``; docs/metrics.md."""
-        with self._lock:
-            return loader_metrics(self, self._skips)
+        Never waits for the inline runner's work inside ``next()`` (``target_share``, ``skipped`` and ``filtered``
+        are then as of the previous read). Exporters: ``zephon.host.metrics``; docs/metrics.md."""
+        return loader_metrics(self)
 
     def close(self) -> None:
         """Stop worker threads/processes this loader started (a shared runner is left running). An iteration

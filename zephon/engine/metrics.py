@@ -70,10 +70,12 @@ class MetricsCounter:
         where the rows were produced; ``n_pad`` padding rows follow them); ``source``: the ``WorkSource`` their
         stream positions come from. A few additions: the consumer's ``next()`` pays for nothing else here."""
         n_real = len(facts)
-        ids, mask = mb.get("input_ids"), mb.get("attention_mask")
+        ids = mb.get("input_ids")
         width = ids.shape[-1] if isinstance(ids, np.ndarray) and ids.ndim == 2 else 0
-        # attention positions, counted per row as it was made (masks are 0/1), where the micro-batch has a mask array
-        tokens = sum(f.tokens for f in facts) if isinstance(mask, np.ndarray) and width else 0
+        tokens = sum(f.tokens for f in facts)  # counted per row as it was made (RowFacts)
+        # rows stacked to one width have width slots each; rows left at their own lengths (Tokenize without Pack:
+        # a list of arrays) have no padding
+        slots = n_real * width if width else tokens
         with self._lock:
             for f in facts:
                 for d, first, k in f.single:
@@ -90,7 +92,7 @@ class MetricsCounter:
             self.rows += n_real
             self.padding_rows += n_pad
             self.row_tokens += tokens
-            self.row_slots += n_real * width
+            self.row_slots += slots
 
     def _count_packed(self) -> None:
         """Add the pieces of packed rows gathered so far to the per-dataset counts: one mixture lookup and two
@@ -115,8 +117,9 @@ class MetricsCounter:
             elapsed = max(time.perf_counter() - self.started, 1e-9)
             total_s, total_t = int(self.samples.sum()), int(self.tokens.sum())
             datasets = {name: {"samples": int(self.samples[d]), "tokens": int(self.tokens[d]),
-                               "sample_share": self.samples[d] / total_s if total_s else 0.0,
-                               "token_share": self.tokens[d] / total_t if total_t else 0.0,
+                               # Python floats, not numpy's: plain data for any serializer (YAML, orjson...)
+                               "sample_share": int(self.samples[d]) / total_s if total_s else 0.0,
+                               "token_share": int(self.tokens[d]) / total_t if total_t else 0.0,
                                "target_share": target[d]}
                         for d, name in enumerate(names)}
             now = remote_stats()
@@ -194,7 +197,8 @@ class RowFacts(NamedTuple):
     """What ``add_micro_batch`` counts of one row of data, read off it where it was produced (the dispatcher thread:
     the row is still in cache, and the consumer's ``next()`` only adds these up).
 
-    tokens: its attention positions (``count_nonzero`` of its ``attention_mask`` array; 0 without one).
+    tokens: its attention positions (``count_nonzero`` of its ``attention_mask`` array; without one, the size of its
+        ``input_ids`` array; 0 without either).
     single: ``(dataset, starts a document, tokens)`` of a row of one sample (``_pieces``).
     packed: the pieces of a combined row (``_Packed``), or None."""
     tokens: int
@@ -204,9 +208,11 @@ class RowFacts(NamedTuple):
 
 def row_facts(row: dict) -> tuple[dict, RowFacts]:
     """``(row without DOC_OFFSETS, its RowFacts)`` (a copy of the row only when it has the key)."""
-    mask = row.get("attention_mask")
-    # masks are 0/1: count_nonzero skips sum's widening of uint8
-    tokens = int(np.count_nonzero(mask)) if isinstance(mask, np.ndarray) else 0
+    mask, ids = row.get("attention_mask"), row.get("input_ids")
+    if isinstance(mask, np.ndarray):  # masks are 0/1: count_nonzero skips sum's widening of uint8
+        tokens = int(np.count_nonzero(mask))
+    else:  # no mask (Tokenize without Pack): every token of the row is one
+        tokens = int(ids.size) if isinstance(ids, np.ndarray) else 0
     single, packed = [], _Packed()
     _pieces(row, single, packed)
     if DOC_OFFSETS in row:
