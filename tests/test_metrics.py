@@ -2,6 +2,7 @@
 tokenizer's token count is the UTF-8 length plus the EOS), rows, tokens and padding from the micro-batches the test
 iterated; and the exporters (callback, Prometheus text and endpoint, TensorBoard) carry the same numbers."""
 import json
+import re
 import urllib.request
 
 import numpy as np
@@ -119,3 +120,27 @@ def test_composer_callback_logs_the_metrics_every_n_batches(corpus):
     assert log.logged[0]["zephon/datasets/web/samples"] == SIZES["web"]
     with pytest.raises(ValueError, match="every_n_batches"):
         ZephonMetrics(loader.metrics, every_n_batches=0)
+
+
+def test_prometheus_label_values_escape_line_feeds_quotes_and_backslashes(corpus):
+    """A dataset name with a line feed, a quote and a backslash: every sample stays on one line, and the label value
+    read back with the text format's three escapes (undone here by hand) is the name."""
+    loader, _ = _run(corpus, "best_fit", runner="inline")
+    m = loader.metrics()
+    name = 'we\nb "x" a\\b'
+    m["datasets"] = {name: m["datasets"]["web"]}
+    lines = [ln for ln in prometheus_text(m).splitlines() if ln and not ln.startswith("#")]
+    assert all(re.fullmatch(r'[a-z_]+(\{[^\n]*\})? \S+', ln) for ln in lines), lines
+    (raw,) = {re.search(r'dataset="((?:[^"\\]|\\.)*)"', ln).group(1) for ln in lines if "dataset=" in ln}
+    unescaped = re.sub(r"\\(.)", lambda g: {"n": "\n", '"': '"', "\\": "\\"}[g.group(1)], raw)
+    assert unescaped == name
+
+
+def test_every_reports_once_more_when_the_loop_breaks():
+    """A loop that breaks out after 7 items (an endless loader is left that way) still gets the end's report."""
+    for stop, expected in ((7, [3, 6, 7]), (6, [3, 6])):  # broken off after 7 items, and after 6 (a report due)
+        calls = []
+        for k, _ in enumerate(every(iter(range(100)), lambda: {"n": 1}, lambda step, mm: calls.append(step), n=3)):
+            if k == stop - 1:
+                break
+        assert calls == expected, stop

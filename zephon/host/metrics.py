@@ -27,19 +27,24 @@ def flatten(metrics: dict, prefix: str = "zephon") -> dict[str, float]:
 def every(iterable, metrics_fn, callback, n: int = 100):
     """Yield from ``iterable``; after every ``n`` items, and once at its end, call ``callback(step, metrics_fn())``
     (``step``: items so far). A plain callback for any training loop, e.g.
-    ``for mb in every(loader, loader.metrics, print_it, 50): ...``.
+    ``for mb in every(loader, loader.metrics, print_it, 50): ...``. The end is also a loop that stops taking items
+    (a ``break`` out of an endless loader: CPython closes the generator when the loop lets go of it) or an error
+    raised by ``iterable``.
 
     Raises ``ValueError`` for ``n`` < 1."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    k = 0
-    for item in iterable:
-        yield item
-        k += 1
-        if k % n == 0:
+    k = reported = 0  # items handed out; the step last reported
+    try:
+        for item in iterable:
+            k += 1
+            yield item
+            if k % n == 0:
+                reported = k
+                callback(k, metrics_fn())
+    finally:
+        if k != reported:
             callback(k, metrics_fn())
-    if k % n:
-        callback(k, metrics_fn())
 
 
 def to_tensorboard(writer, metrics: dict, step: int, prefix: str = "zephon") -> None:
@@ -49,10 +54,15 @@ def to_tensorboard(writer, metrics: dict, step: int, prefix: str = "zephon") -> 
         writer.add_scalar(tag, value, step)
 
 
+def _label_value(v) -> str:
+    """``v`` as a Prometheus text-format label value: backslash, double quote and line feed escaped (the format's
+    three escapes; a raw line feed would end the sample's line)."""
+    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def _line(name: str, value, labels: dict | None = None) -> str:
     if labels:
-        inner = ",".join(f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-                         for k, v in labels.items())
+        inner = ",".join(f'{k}="{_label_value(v)}"' for k, v in labels.items())
         return f"{name}{{{inner}}} {float(value)!r}"
     return f"{name} {float(value)!r}"
 
@@ -113,6 +123,6 @@ def format_metrics(metrics: dict) -> str:
         f"  datasets (delivered): {ds}",
         f"  time per stage: {stages}",
         f"  consumer waited {metrics['consumer_wait_s']:.2f}s ({metrics['consumer_wait_fraction']:.1%} of "
-        f"{metrics['elapsed_s']:.1f}s), worker utilization {metrics['worker_utilization']:.1%}, remote "
+        f"{metrics['elapsed_s']:.2f}s), worker utilization {metrics['worker_utilization']:.1%}, remote "
         f"{r['downloads']} downloads / {r['downloaded_bytes']:,} bytes, cache {r['cache_hits']} hits / "
         f"{r['cache_misses']} misses"])
