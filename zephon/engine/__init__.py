@@ -2,11 +2,10 @@
 from .exports import lazy_exports
 
 # imported on first use (zephon.engine.exports): a processes-runner worker needs only the stage and the runners
-__getattr__, __dir__ = lazy_exports(__name__, {
+_EXPORTS = {
     "GlobalBatchHasher": ".hashing", "row_digests": ".hashing", "Loader": ".loader", "empty_row": ".tail",
     "LoaderPlan": ".plan", "WorkStage": ".stage",
     **{name: ".runners" for name in ("RUNNERS", "InlineRunner", "ProcessRunner", "Runner", "ThreadRunner",
-                                      "make_runner")}})
-
-__all__ = ["GlobalBatchHasher", "InlineRunner", "Loader", "LoaderPlan", "ProcessRunner", "RUNNERS", "Runner",
-           "ThreadRunner", "WorkStage", "empty_row", "make_runner", "row_digests"]
+                                      "make_runner")}}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)  # the public names are the exports, one list
