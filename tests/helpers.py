@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import threading
+import time
 import inspect
 from collections import defaultdict
 from contextlib import contextmanager
@@ -194,3 +195,14 @@ def one_row_loader(root, tokenizer_path, runner, **loader_kwargs):
     ds = open_dataset(root)
     ops = [Decode("text"), Tokenize(tokenizer_path, eos_id="<eos>", max_length=64), Batch(1)]
     return ds, Loader([ds], ops, runner=runner, num_workers=2, **loader_kwargs)
+
+
+def wait_until(cond, seconds: float, what: str) -> None:
+    """Poll ``cond`` until it holds; fail naming ``what`` after ``seconds`` (generous: no speed is asserted)."""
+    import pytest
+
+    end = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > end:
+            pytest.fail(f"waited {seconds} s for {what}")
+        time.sleep(0.01)

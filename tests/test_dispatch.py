@@ -5,13 +5,12 @@ from __future__ import annotations
 import gc
 import hashlib
 import threading
-import time
 
 import numpy as np
 import pytest
 
 
-from helpers import CountingReads, one_row_loader, write_one_line_docs
+from helpers import CountingReads, one_row_loader, wait_until, write_one_line_docs
 from zephon.engine import Loader
 from zephon.formats import open_dataset
 from zephon.ops import Batch, Decode, Map, Tokenize
@@ -35,15 +34,6 @@ def _digest(mb) -> str:
     return hashlib.sha256(np.ascontiguousarray(mb["input_ids"]).tobytes()).hexdigest()
 
 
-def _wait_until(cond, seconds: float, what: str) -> None:
-    """Poll ``cond`` until it holds; fail naming ``what`` after ``seconds`` (generous: no speed is asserted)."""
-    end = time.monotonic() + seconds
-    while not cond():
-        if time.monotonic() > end:
-            pytest.fail(f"waited {seconds} s for {what}")
-        time.sleep(0.01)
-
-
 def test_workers_fill_the_read_ahead_while_the_consumer_is_away(one_row_docs, tokenizer_path):
     """One row per document and one row per lane step: after the first global step the consumer stays away from
     ``next()``; the workers read on until every lane holds ``AHEAD`` steps (the test counts the documents read:
@@ -60,14 +50,14 @@ def test_workers_fill_the_read_ahead_while_the_consumer_is_away(one_row_docs, to
     it = iter(loader)
     got = [_digest(next(it)) for _ in range(LANES)]  # the first global step
     target = LANES * (1 + AHEAD)
-    _wait_until(lambda: reads.n >= target, 120,
+    wait_until(lambda: reads.n >= target, 120,
                 f"the workers to read {target} documents with the consumer away (read {reads.n})")
     assert reads.n <= LANES * (1 + AHEAD + 2 * UNIT), f"read {reads.n} documents: past the read-ahead bound"
     got += [_digest(next(it)) for _ in range(LANES * 19)]
     assert got == ref
     del it
     gc.collect()
-    _wait_until(lambda: not [t for t in threading.enumerate() if t.name == "zephon-dispatch"], 60,
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name == "zephon-dispatch"], 60,
                 "the dispatcher thread to end after its iterator was dropped")
 
 
@@ -121,7 +111,7 @@ def test_the_consumer_takes_rows_while_a_lane_packs(one_row_docs, tokenizer_path
     reads = CountingReads(ds)
     it = iter(L)
     got = [_digest(next(it)) for _ in range(LANES)]  # the first global step, gate open
-    _wait_until(lambda: reads.n >= LANES * (1 + AHEAD), 120, "the workers to fill the read-ahead")
+    wait_until(lambda: reads.n >= LANES * (1 + AHEAD), 120, "the workers to fill the read-ahead")
     gate.armed.set()
     out: dict = {"rows": []}
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import gc
 import json
 import threading
-import time
 
 import pytest
 
@@ -16,7 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchdata")
 
 import zephon_torch  # noqa: E402
-from helpers import REQUIRED, StepHasher, host_keywords, make_loader, reference_digests  # noqa: E402
+from helpers import REQUIRED, StepHasher, host_keywords, make_loader, reference_digests, wait_until  # noqa: E402
 from torch_jobs import R, consume, make_dataset, rows_of, small_corpus, step_digests  # noqa: E402
 from zephon.checkpoint import CheckpointError, merge_states  # noqa: E402
 
@@ -361,20 +360,13 @@ def _zephon_threads() -> list:
     return [t for t in threading.enumerate() if t.name.startswith(("zephon-dispatch", "zephon-worker"))]
 
 
-def _wait_until(ok, seconds: float, what: str) -> None:
-    end = time.monotonic() + seconds
-    while not ok():
-        assert time.monotonic() < end, f"timed out after {seconds} s waiting for {what}"
-        time.sleep(0.05)
-
-
 def test_host_workers_read_ahead_by_default_and_leave_no_thread(dirs, tokenizer_path):
     """What a DataLoader worker runs (worker 0 of 2's items) reads ahead in a dispatcher thread by default, gives the
     same items as ``worker_runner="inline"`` (no thread), and an abandoned iteration's threads end."""
     ds = make_dataset(dirs, tokenizer_path, dp=1, rank=0)
     # an earlier test's abandoned loader may still sit in a reference cycle, its threads alive until a collection
     gc.collect()
-    _wait_until(lambda: not _zephon_threads(), 30, "the zephon threads of an earlier test's loader to end")
+    wait_until(lambda: not _zephon_threads(), 30, "the zephon threads of an earlier test's loader to end")
     inline = ds.session.worker_items(2, 0, runner="inline")
     ref = [next(inline)[0]["state"] for _ in range(12)]
     assert not _zephon_threads()  # inline computes in next(), on this thread
@@ -385,7 +377,7 @@ def test_host_workers_read_ahead_by_default_and_leave_no_thread(dirs, tokenizer_
     assert {t.name for t in _zephon_threads()} >= {"zephon-dispatch", "zephon-worker_0"}
     del items  # abandoned, not closed
     gc.collect()
-    _wait_until(lambda: not _zephon_threads(), 30, "the abandoned worker loader's threads to end")
+    wait_until(lambda: not _zephon_threads(), 30, "the abandoned worker loader's threads to end")
 
 
 def test_abandoned_dataloader_workers_exit(dirs, tokenizer_path):
@@ -405,4 +397,4 @@ def test_abandoned_dataloader_workers_exit(dirs, tokenizer_path):
     del it
     gc.collect()
     # a hang bound, not a speed check (torch joins its workers within seconds; a loaded CI machine is slower)
-    _wait_until(lambda: len(children()) <= base, 120, "the DataLoader's worker processes to exit")
+    wait_until(lambda: len(children()) <= base, 120, "the DataLoader's worker processes to exit")
