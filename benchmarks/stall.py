@@ -32,7 +32,10 @@ worker yielding and collating each step through the step exchange);
 loaders on the same data and settings) iterate their host's own format (MDS, WebDataset from
 ``benchmarks/prepare.py``) as their hosts' users do: text samples, batch 8, 2 workers, a step being 8 batches, and
 for Energon a TaskEncoder that tokenizes (``benchmarks/formats.py``); their "tokens" are the tokens Energon's encoder
-produced, or for MDS the samples (no tokenizer in Mosaic's loader: the unit is a sample). Prints only.
+produced, or for MDS the samples (no tokenizer in Mosaic's loader: the unit is a sample). On request, ``torch`` and
+``grain`` are the throughput benchmark's text peers over the same JSONL (a plain torch DataLoader with
+concat-and-split, Grain with best-fit packing; 2 workers, a step being one batch of 8 rows of 2048 tokens, as the
+core runners' step at ``--lanes 8``). Prints only.
 """
 from __future__ import annotations
 
@@ -51,8 +54,10 @@ CONFIGS = ("inline", "threads", "processes", "zephon_torch", "zephon_streaming",
 EXTRA = ("zephon_torch_threads", "zephon_torch_inline", "zephon_streaming_inline", "zephon_energon_inline",
          "zephon_streaming_dl")
 # On request: the hosts' own loaders on the same data and settings as zephon_streaming and zephon_energon (the stall a
-# user of Mosaic Streaming or Energon sees today, through the same torch DataLoader hand-off).
-PEERS = ("streaming", "energon")
+# user of Mosaic Streaming or Energon sees today, through the same torch DataLoader hand-off), and the throughput
+# benchmark's two text peers (benchmarks/throughput/peers.py) reading the same JSONL: a plain torch DataLoader with
+# concat-and-split and Grain with best-fit packing, 2 workers, a step being one batch of 8 rows of 2048 tokens.
+PEERS = ("streaming", "energon", "torch", "grain")
 LANES, SEQ = 64, 2048
 
 
@@ -103,6 +108,19 @@ def _iterator(cfg):
         # one item is the rank's whole (step, micro-batch): all lanes' rows, so a step is one item
         return iter(dl), 1, _mask_tokens, "tokens"
     m = cfg["manifest"]
+    if name == "torch":
+        from .throughput.peers import torch_loader
+
+        dl = torch_loader({"manifest": m, "format": "jsonl", "micro_batch": 8})
+        return _epochs(dl), 1, lambda b: int(b[1].sum()), "tokens"
+    if name == "grain":
+        import numpy as np
+
+        from .throughput.peers import grain_dataset
+
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        ds = grain_dataset({"manifest": m, "format": "jsonl", "encode": "batch", "repeat": True, "micro_batch": 8})
+        return iter(ds), 1, lambda b: int(np.count_nonzero(b["inputs_segment_ids"])), "tokens"
     if name in ("zephon_streaming", "streaming"):
         if name == "streaming":  # Mosaic's own
             from streaming import StreamingDataLoader, StreamingDataset

@@ -368,7 +368,10 @@ def _torch_dataset_cls():
     return PackIterable
 
 
-def child_torch(cfg) -> dict:
+def torch_loader(cfg):
+    """The plain torch baseline: ``DataLoader(PackIterable, batch_size=micro_batch, num_workers=workers)`` over the
+    manifest's ``format`` files (or ``cfg["texts"]`` in memory); one item is ``(ids [micro_batch, SEQ] int32,
+    real tokens per row [micro_batch])``."""
     import torch
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
@@ -376,8 +379,12 @@ def child_torch(cfg) -> dict:
     src = cfg.get("texts") or text_source(cfg["format"], [f for fs in m[cfg["format"]] for f in fs])
     ds = _torch_dataset_cls()(src, m["tokenizer"], cfg.get("unit", 256))
     nw = cfg.get("workers", 2)
-    dl = torch.utils.data.DataLoader(ds, batch_size=cfg.get("micro_batch", 8), num_workers=nw,
-                                     persistent_workers=nw > 0, prefetch_factor=4 if nw else None)
+    return torch.utils.data.DataLoader(ds, batch_size=cfg.get("micro_batch", 8), num_workers=nw,
+                                       persistent_workers=nw > 0, prefetch_factor=4 if nw else None)
+
+
+def child_torch(cfg) -> dict:
+    dl = torch_loader(cfg)
 
     def count(b):
         return int(b[1].sum()), b[0].shape[0]
