@@ -4,8 +4,9 @@ degree, the runner and the worker count changing at every restore (a hypothesis 
 The oracle is independent of the code under test: the documents are read back from the JSONL file with ``json``
 and cut into ``max_length`` pieces from ``tokenizers``' own token counts; at the end every (document, piece) must
 have been delivered exactly once, counting what was delivered up to each restored checkpoint plus what came after.
-An *interrupt* raises inside the loader (in a worker's operator, or on the pump while a micro-batch is collated)
-and the test checkpoints in the ``except`` handler, as a training script catching Ctrl-C would, then restores.
+An *interrupt* raises inside the loader (in a worker's operator, or while a micro-batch is collated: on the
+builder thread with the threads and processes runners, inside ``next()`` with inline) and the test checkpoints in
+the ``except`` handler, as a training script catching Ctrl-C would, then restores.
 
 The default suite runs a few dozen examples; ``pytest -m slow tests/test_state_machine.py`` runs 1,000
 (``ZEPHON_STATE_MACHINE_EXAMPLES`` overrides the number) and the processes runner too, with worker kills (SIGKILL of
@@ -197,15 +198,16 @@ class Machine(RuleBasedStateMachine):
             self.delivered.extend(tuple(s) for s in srcs)
 
     def _next(self, rank):
-        """``next()`` of rank ``rank``'s iterator. A worker interrupt armed by an earlier rule may surface only now:
-        the workers work ahead of the consumer (engine.dispatch), so its error reaches the loop when the loop reaches
-        its sample, possibly after the rule that armed it ended, possibly in another rank's loader. Handled as the
-        interrupt rule does (checkpoint, rebuild on the same topology), then the pull goes on."""
+        """``next()`` of rank ``rank``'s iterator. An interrupt armed by an earlier rule may surface only now: the
+        workers work ahead of the consumer (engine.dispatch) and each rank's builder thread collates ahead of it
+        (engine.builder), so the error reaches the loop when the loop reaches its sample or micro-batch, possibly
+        after the rule that armed it ended, possibly in another rank's loader. Handled as the interrupt rule does
+        (checkpoint, rebuild on the same topology), then the pull goes on."""
         while True:
             try:
                 return next(self.iters[rank])
-            except DataError as e:
-                if "injected at worker" not in str(e):
+            except (DataError, Interrupt) as e:
+                if isinstance(e, DataError) and "injected at worker" not in str(e):
                     raise
                 self._build(*self.topology, self._checkpoint())
 

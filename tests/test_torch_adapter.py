@@ -357,7 +357,8 @@ def test_torchtitan_loader_restores_a_0_2_0_dcp_checkpoint(corpus, tokenizer_pat
 
 
 def _zephon_threads() -> list:
-    return [t for t in threading.enumerate() if t.name.startswith(("zephon-dispatch", "zephon-worker"))]
+    names = ("zephon-dispatch", "zephon-build", "zephon-worker")
+    return [t for t in threading.enumerate() if t.name.startswith(names)]
 
 
 def test_host_workers_read_ahead_by_default_and_leave_no_thread(dirs, tokenizer_path):
@@ -374,7 +375,7 @@ def test_host_workers_read_ahead_by_default_and_leave_no_thread(dirs, tokenizer_
     items = ds.session.worker_items(2, 0)  # the default, as in each DataLoader worker
     got = [next(items)[0]["state"] for _ in range(12)]
     assert got == ref
-    assert {t.name for t in _zephon_threads()} >= {"zephon-dispatch", "zephon-worker_0"}
+    assert {t.name for t in _zephon_threads()} >= {"zephon-dispatch", "zephon-build", "zephon-worker_0"}
     del items  # abandoned, not closed
     gc.collect()
     wait_until(lambda: not _zephon_threads(), 30, "the abandoned worker loader's threads to end")

@@ -32,7 +32,6 @@ def dry_limit(plan: LoaderPlan) -> int | None:
 
 def loader_stats(loader) -> dict:
     """``Loader.stats()`` of ``loader`` (its lock held)."""
-    loader.tail.commit()
     sts = loader.lane_pipelines()
     dropped, padded = loader.dropped_rows, loader.padded_rows
     msgs = [m for s in sts for m in s.skipped_messages][:20]

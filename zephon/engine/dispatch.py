@@ -137,9 +137,10 @@ class Dispatcher:
         self.thread.start()
 
     # -- the consumer's side (called holding ``lock``) -----------------------------------------------------------
-    def wait_rows(self, lane: int, n: float) -> None:
+    def wait_rows(self, lane: int, n: float, cancelled=None) -> None:
         """Wait until ``lane`` holds ``n`` rows or has ended; raises the lane's error (or the dispatcher's) when
-        the rows it holds do not cover ``n``."""
+        the rows it holds do not cover ``n``, and ``RuntimeError`` when the dispatcher or (``cancelled()`` true,
+        checked at each notification of ``lock``) the waiter was stopped meanwhile."""
         st = self.lanes[lane]
         while len(st.rows) < n and not st.finished:
             if self.crashed is not None:
@@ -149,6 +150,8 @@ class Dispatcher:
             if self.stopped or not self.thread.is_alive():
                 raise RuntimeError(f"lane {lane}: the loader's dispatcher thread stopped while the consumer waited "
                                    f"for {n} rows (the loader was closed from another thread?)")
+            if cancelled is not None and cancelled():
+                raise RuntimeError(f"lane {lane}: the micro-batch builder was stopped while it waited for {n} rows")
             self.want = (lane, n)
             self.wake.set()
             self.lock.wait(IDLE_S)

@@ -15,6 +15,7 @@ from time import perf_counter
 from .. import checkpoint as ckpt
 from ..checkpoint.skips import stream_ranges
 from .accounting import dry_limit, loader_metrics, loader_stats, new_ledger
+from .builder import Builder
 from .dispatch import Dispatcher, work_inline
 from .explain import explain
 from .generations import Generations
@@ -199,7 +200,6 @@ class Loader:
             return self._checkpoint()
 
     def _checkpoint(self) -> dict:
-        self.tail.commit()
         if self._pending is not None:
             entries = [self._pending[lane] for lane in self.lanes]
         elif self._state:
@@ -222,8 +222,7 @@ class Loader:
         with self._lock:
             self.plan = plan
             self._pending = {lane: by_lane[lane] for lane in self.lanes}
-            self.tail.handed = None  # the restored state replaces what was delivered
-            self._generations.bump("restore()")
+            self._generations.bump("restore()")  # what was built and not delivered is never delivered
 
     def explain(self, steps, state: dict | None = None, text_field: str | None = None) -> dict:
         """Every row of the global batches of ``steps`` (a step or a range): lane, micro-batch, and each source
@@ -233,7 +232,7 @@ class Loader:
 
     # -- iteration ------------------------------------------------------------------------------
     def _start(self) -> None:
-        self.tail.commit()
+        self._stop_builder()  # the last iteration's (its micro-batches built and not taken are not delivered)
         if self._pending is not None:
             entries = self._pending
         else:  # a new iteration continues where the last one stopped
@@ -262,49 +261,79 @@ class Loader:
             self._dispatcher.stop()
             self._dispatcher = None
 
-    def __iter__(self):
-        steps = self._steps()
-        if self.lane_shares > 1:  # more ranks than lanes: keep this rank's block of each step
-            steps = shared_micro_batches(self, steps)
-        return self._guarded(steps)
+    def _stop_builder(self) -> None:
+        if self.tail.builder is not None:
+            self.tail.builder.stop()
+            self.tail.builder = None
 
-    def _guarded(self, steps):
-        """``steps``' micro-batches, each computed holding the loader's lock (the dispatcher thread's too), the
-        time inside ``next()`` counted as the consumer's wait; closing this closes ``steps``."""
-        clock, wait, lock, done = perf_counter, self._metrics.add_wait, self._lock, object()
-        try:
-            while True:
-                t = clock()  # the consumer asked for a micro-batch at t
-                with lock:
-                    mb = next(steps, done)
-                if mb is done:
-                    return
-                wait(clock() - t)
-                if self._dispatcher is not None:
-                    self._dispatcher.poke()  # rows were taken: the lane may work further ahead
-                yield mb
-        finally:
-            steps.close()
+    def __iter__(self):
+        return self._steps()
 
     def _steps(self):
-        """The owned lanes' micro-batches (every block of a shared lane's steps; see ``__iter__``). The
-        workers belong to this iteration: they stop when it is exhausted, closed, raises or is garbage-collected
-        (unless a newer iteration took them over); the next iteration starts new ones."""
+        """This rank's micro-batches, each counted as delivered once ``next()`` returns it (``Tail.deliver``), the
+        time inside ``next()`` counted as the consumer's wait. The workers and the builder belong to this
+        iteration: they stop when it is exhausted, closed, raises or is garbage-collected (the workers unless a
+        newer iteration took them over); the next iteration starts new ones."""
         if not self.lanes:  # a host worker with no lanes: end at once, start nothing
             return
         self._start()
         self._runner_iteration = generation = self._generations.bump("iter()")
+        items = self.tail.steps(generation)
+        if self.lane_shares > 1:  # more ranks than lanes: keep this rank's block of each step
+            items = shared_micro_batches(self, items)
+        builder = None
         try:
-            yield from self.tail.steps(generation)
+            # The inline runner computes inside next() by definition; so does a shared lane (its filter delivers
+            # the other ranks' blocks in the lane's order, on the consumer's thread).
+            if self._dispatcher is None or self.lane_shares > 1:
+                yield from self._computed(items)
+            else:
+                builder = self.tail.builder = Builder(items, self._lock, self._dispatcher.poke)
+                builder.start()
+                yield from self._taken(builder, generation)
         except Exception as e:
             if self._generations.current != generation:  # closed, restored or iterated anew meanwhile
                 raise self._generations.ended() from e
             raise
         finally:
+            if builder is not None:
+                builder.stop()  # it stops at once: it waits only on the lock, which stop() notifies
+                if self.tail.builder is builder:
+                    self.tail.builder = None
+            else:  # the builder closes what it runs
+                items.close()
             if self._runner_iteration == generation:
                 # The iteration's own end (exhausted, raised, Ctrl-C, abandoned) never waits for units in flight: a
                 # worker stuck in a slow read must not hold the exception back. An explicit close() waits.
                 self._close(wait=False)
+
+    def _computed(self, items):
+        """``items``' micro-batches, each computed and delivered inside ``next()`` holding the loader's lock."""
+        clock, wait, lock, deliver = perf_counter, self._metrics.add_wait, self._lock, self.tail.deliver
+        while True:
+            t = clock()  # the consumer asked for a micro-batch at t
+            with lock:
+                item = next(items, None)
+                if item is None:
+                    return
+                deliver(*item)
+            wait(clock() - t)
+            if self._dispatcher is not None:
+                self._dispatcher.poke()  # rows were taken: the lane may work further ahead
+            yield item[0]
+
+    def _taken(self, builder: Builder, generation: int):
+        """The micro-batches ``builder`` built ahead, each delivered as ``next()`` takes it."""
+        clock, wait, deliver, check = perf_counter, self._metrics.add_wait, self.tail.deliver, self.check_generation
+        while True:
+            t = clock()
+            item = builder.take()
+            if item is None:
+                return
+            check(generation)  # a restore() or close() meanwhile: what was built then is not delivered
+            deliver(*item)
+            wait(clock() - t)
+            yield item[0]
 
     # -- what the tail multiplexer (engine/tail.py) reads of the lanes --------------------------------
     def lane(self, lane: int) -> LanePipeline:
@@ -336,7 +365,8 @@ class Loader:
         stop short of ``n``."""
         with self._lock:
             if self._dispatcher is not None:
-                self._dispatcher.wait_rows(lane, n)
+                builder = self.tail.builder  # a stopped builder stops waiting (it never holds a close() back)
+                self._dispatcher.wait_rows(lane, n, None if builder is None else builder.is_stopped)
                 return
             # Steps, not units, in flight: the other lanes work toward the step being built until this iteration
             # delivered one (so a start or a restore reads what its first step needs), then one step further.
@@ -382,6 +412,7 @@ class Loader:
     def _close(self, wait: bool) -> None:
         if self._runner_iteration == self._generations.current:
             self._generations.bump("close()")  # the open iterator ends at its next micro-batch, saying why
+        self._stop_builder()
         self._stop_dispatcher()
         if self._runner is not None and self._owns_runner:
             self._stop_runner.detach()  # the finalizer is then dead

@@ -22,26 +22,29 @@ def shared_micro_batches(loader, steps):
     Args:
         loader: the ``Loader`` (``lane_shares`` > 1, ``share_index``, ``rows_per_lane_step``,
             ``batch.micro_batch_size``; it owns one lane, or none as a host worker without a share).
-        steps: the loader's own iterator over its lane's micro-batches (``Tail.steps``), in (step,
+        steps: the loader's own iterator over its lane's ``(micro-batch, Handed)`` (``Tail.steps``), in (step,
             micro-batch) order; micro-batch ``j`` of a step holds the lane's rows ``[j*m, (j+1)*m)`` of it.
-    Yields the micro-batches ``j`` with ``index*b <= j < (index+1)*b`` (``b = rows_per_lane_step / (shares *
-    micro_batch_size)``), ``__micro__`` unchanged (the lane's index, so every rank's micro-batches of a lane
-    sort into the lane's order). Before the last of them in a step, the rest of the step is taken and the
-    lane read one row ahead, so its ``__state__`` (with ``emit_state``) is the deterministic step-boundary
-    entry."""
+    Yields ``(micro-batch, Handed or None)`` (None: delivered here already): the micro-batches ``j`` with
+    ``index*b <= j < (index+1)*b`` (``b = rows_per_lane_step / (shares * micro_batch_size)``), ``__micro__``
+    unchanged (the lane's index, so every rank's micro-batches of a lane sort into the lane's order). Before the
+    last of them in a step, the rest of the step is taken and the lane read one row ahead, so its ``__state__``
+    (with ``emit_state``) is the deterministic step-boundary entry."""
     per_step = loader.rows_per_lane_step // loader.batch.micro_batch_size  # micro-batches of a lane's step
     lo, hi = own_block(loader)
     held = None  # this rank's last micro-batch of the step, waiting for the rest of the step to be taken
-    for mb in steps:
+    for mb, handed in steps:
         j = mb[MICRO]
         if held is not None and (mb[STEP] != held[STEP]):
             yield _settled(loader, held)  # the step ended early (a finite lane's short tail)
             held = None
-        if lo <= j < hi:
-            if j == hi - 1:
-                held = mb
-            else:
-                yield mb
+        if lo <= j < hi and j != hi - 1:
+            yield mb, handed  # delivered by the consumer before the tail builds the lane's next micro-batch
+            continue
+        # This rank's last micro-batch of the step, and the other ranks' blocks, count as delivered now, in the
+        # lane's order (the tail reads the lane's next rows from the cursor after them).
+        loader.tail.deliver(mb, handed)
+        if j == hi - 1:
+            held = mb
         if held is not None and j == per_step - 1:
             yield _settled(loader, held)
             held = None
@@ -57,15 +60,16 @@ def own_block(loader) -> tuple[int, int]:
     return loader.share_index * b, (loader.share_index + 1) * b
 
 
-def _settled(loader, mb: dict) -> dict:
-    """``mb`` with its lane's state read once the lane holds its next row (or ended): a span whose rows
-    were all taken is then sealed on every rank alike, whatever its prefetch, so the entry is the same."""
+def _settled(loader, mb: dict) -> tuple[dict, None]:
+    """``(mb, None)``, delivered already, with its lane's state read once the lane holds its next row (or
+    ended): a span whose rows were all taken is then sealed on every rank alike, whatever its prefetch, so the
+    entry is the same."""
     lane = mb[LANE]
-    loader.tail.commit()  # the step's micro-batches pulled so far count as delivered (this filter has them)
+    loader.lane(lane).drop()  # the step's rows, all delivered: ``ensure`` counts the rows after them
     loader.ensure(lane, 1)
     if loader.emit_state:
         mb[STATE] = loader.lane(lane).state()
-    return mb
+    return mb, None
 
 
 def own_rows(loader, lane_rows: int) -> int:

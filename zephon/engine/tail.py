@@ -3,13 +3,15 @@
 It chooses the next step (lanes behind go first after a ragged checkpoint), pads a finite pass's last steps
 (``Batch(drop_last=False)``), leaves them short (``short_last=True``: only real rows, a lane that ended gives
 none) or drops and counts its incomplete tail (``drop_last=True``), builds each
-micro-batch and commits it as delivered only once the consumer asked for the next one (``handed``), and,
-when ranks share a lane, keeps this rank's block of each step (``sharing``). The lanes themselves (their
-pipelines, dispatch and replay) are the ``Loader``'s. See docs/concepts.md ("tail multiplexer").
+micro-batch with its ``Handed`` record, which the consumer's side delivers (``deliver``) once it has the
+micro-batch, and, when ranks share a lane, keeps this rank's block of each step (``sharing``). It runs on the
+builder thread (``engine.builder``) or, with the inline runner and shared lanes, inside ``next()``. The lanes
+themselves (their pipelines, dispatch and replay) are the ``Loader``'s. See docs/concepts.md ("tail multiplexer").
 """
 from __future__ import annotations
 
 import warnings
+from typing import NamedTuple
 
 from .. import checkpoint as ckpt
 from ..formats import DataError, DataWarning
@@ -18,41 +20,54 @@ from ..ops.batch import collate, padding_row
 from .sharing import own_block
 
 
+class Handed(NamedTuple):
+    """What delivering a built micro-batch changes: its lane's ``LanePipeline``, the lane's cursor once the
+    micro-batch is delivered (``LanePipeline.cursor_after``), its padding rows, and the ``RowFacts`` of its rows
+    of data (None when it is another rank's block of a shared lane: not counted in this rank's metrics)."""
+    lane: object
+    after: tuple
+    n_pad: int
+    facts: list | None
+
+
 class Tail:
     """One Loader's tail multiplexer (it lives as long as the Loader; counts survive its iterations).
 
     Args:
         loader: the ``Loader`` whose owned lanes (``lanes``, their ``LanePipeline``s) it multiplexes.
     Attributes: ``dropped_rows`` (rows of a finite pass's incomplete last step, with drop_last),
-    ``padded_rows`` (padding rows delivered), ``handed`` (``(lane pipeline, cursor after, real rows, padding
-    rows)`` of the micro-batch last yielded and not yet committed)."""
+    ``padded_rows`` (padding rows delivered), ``builder`` (the current iteration's ``engine.builder.Builder``, or
+    None when the tail runs inside ``next()``)."""
 
     def __init__(self, loader):
         self.loader = loader
-        self.handed = None
+        self.builder = None
         self.template = None  # a delivered row: the shape of padding rows
         self.dropped_rows = 0
         self.padded_rows = 0
         self.steps_done = 0  # whole steps yielded by the current iteration (how far the lanes may work ahead)
 
     # -- delivery -------------------------------------------------------------------------------
-    def commit(self) -> None:
-        """Count the micro-batch last yielded (``handed``) as delivered. Safe against an interrupt anywhere
-        inside: the commit is one store of the lane's precomputed cursor (idempotent), and ``handed`` is
-        cleared only after it; what follows only frees memory (a dead iterator's buffers are never reused)."""
-        handed = self.handed
+    def deliver(self, mb: dict, handed: Handed | None) -> None:
+        """Count micro-batch ``mb``, built with ``handed`` (None: delivered already, see ``sharing``), as
+        delivered: the consumer has it. The delivery is one store of the lane's precomputed cursor, so an
+        interrupt leaves it done or not done; the counts follow. Its rows are freed when the tail next reads
+        the lane (``LanePipeline.drop``)."""
         if handed is None:
             return
-        st, after, n_real, n_pad = handed
-        st.cursor = after
-        self.handed = None
-        self.padded_rows += n_pad
-        st.drop()
+        st = handed.lane
+        st.cursor = handed.after
+        self.padded_rows += handed.n_pad
+        if handed.facts is not None:
+            self.loader._metrics.add_micro_batch(mb, handed.facts, handed.n_pad, st.source)
+        if self.builder is not None:
+            self.builder.taken(mb[LANE])
 
     def steps(self, generation: int):
-        """The owned lanes' micro-batches in step order until they end: within a step, micro-batch ``j`` of
-        every ready lane in lane order, then ``j + 1``. ``generation``: the Loader's iteration this belongs to
-        (a newer ``iter()`` or ``restore()`` makes this one raise ``RuntimeError``)."""
+        """``(micro-batch, Handed)`` of the owned lanes in step order until they end: within a step, micro-batch
+        ``j`` of every ready lane in lane order, then ``j + 1``; each counts as delivered once ``deliver`` is
+        called with it. ``generation``: the Loader's iteration this belongs to (a newer ``iter()`` or
+        ``restore()`` makes this one raise ``RuntimeError``)."""
         plan = self.loader.plan
         # every lane fills every step (Batch(short_last=True): only real rows, the last steps short)
         pad = plan.finite and not plan.batch.drop_last and plan.pad_tail and not plan.batch.short_last
@@ -72,6 +87,7 @@ class Tail:
         """``(step, ready lanes, {lane: rows of the step already delivered})`` of the next step, or None when
         the stream ends here (its incomplete tail dropped and counted, with drop_last)."""
         L, rps = self.loader, self.loader.plan.rows_per_lane_step
+        self._delivered_all()
         drop_last = L.plan.batch.drop_last
         active = self._active(pad)
         if not active:
@@ -111,6 +127,14 @@ class Tail:
             return None  # every lane ran out at a step boundary (a restore after the pass's end): nothing owed
         return step, ready, offset
 
+    def _delivered_all(self) -> None:
+        """Wait until the consumer took every micro-batch built (each cursor is then final), and free the rows
+        delivered, so the lanes' rows and cursors say what is left."""
+        if self.builder is not None:
+            self.builder.wait_taken(None)
+        for lane in self.loader.lanes:
+            self.loader.lane(lane).drop()
+
     def _check_delivered(self) -> None:
         """At the end of a finite pass: raise ``DataError`` when no owned lane ever delivered a row (restored counts
         included) although the lanes read samples, so every one was skipped or filtered on the way (a lane that
@@ -144,10 +168,13 @@ class Tail:
         if start >= (j + 1) * m:
             return
         L.check_generation(generation)
-        # Rows count as delivered only once the consumer has their micro-batch: peek, build everything,
-        # mark it handed (a plain store, nothing in between that can raise) and commit it when the consumer
-        # asks for more (or checkpoint()/iter()/restore() does).
+        # Rows count as delivered only once the consumer has their micro-batch (``deliver``): peek, build
+        # everything, and hand it over with the lane's cursor after it. A lane's next micro-batch is built only
+        # once its last one was delivered, so the cursor read here is final.
+        if self.builder is not None:
+            self.builder.wait_taken(lane)
         st = L.lane(lane)
+        st.drop()
         L.ensure(lane, (j + 1) * m - start)  # only this micro-batch's rows: the first one comes without the step's
         rows = st.peek((j + 1) * m - start)
         if rows and self.template is None:
@@ -166,13 +193,12 @@ class Tail:
         if L.emit_state:
             mb[STATE] = st.state(after)
             mb[ROWS] = len(rows)
-        self.handed = (st, after, n_real, n_pad)
         lo, hi = own_block(L)
-        if lo <= j < hi:  # this rank's micro-batch (sharing a lane, the other blocks are the other ranks')
-            L._metrics.add_micro_batch(mb, st.peek_facts(n_real), n_pad, st.source)
-        yield mb
-        self.commit()
-        st.drop()  # finishes a drop an interrupted checkpoint() left (idempotent)
+        # this rank's micro-batch (sharing a lane, the other blocks are the other ranks'): counted when delivered
+        facts = st.peek_facts(n_real) if lo <= j < hi else None
+        if self.builder is not None:
+            self.builder.mark(lane)
+        yield mb, Handed(st, after, n_pad, facts)
 
     # -- a finite pass's end --------------------------------------------------------------------
     def padding(self, n: int) -> list[dict]:

@@ -1,0 +1,125 @@
+"""Micro-batches built ahead of the consumer (engine/builder.py, issue 29 item 3): the builder thread builds the
+next step while the consumer is away from ``next()``, and what it built but the consumer has not taken is never
+counted as delivered (checkpoint, restore, close). Oracle: an uninterrupted inline run over the same documents."""
+from __future__ import annotations
+
+import gc
+import hashlib
+import threading
+
+import numpy as np
+import pytest
+
+import zephon.engine.tail as tail_module
+from helpers import one_row_loader, wait_until, write_one_line_docs
+
+LANES = 4
+
+
+@pytest.fixture(scope="module")
+def docs(tmp_path_factory):
+    """600 one-line documents (one row, one micro-batch each), in 2 JSONL shards."""
+    return write_one_line_docs(tmp_path_factory.mktemp("builder_docs"), 600, 2)
+
+
+def _loader(root, tokenizer_path, runner):
+    return one_row_loader(root, tokenizer_path, runner, canonical_replicas=LANES, chunk_size=16, unit_size=2)[1]
+
+
+def _digest(mb) -> str:
+    return hashlib.sha256(np.ascontiguousarray(mb["input_ids"]).tobytes()).hexdigest()
+
+
+@pytest.fixture
+def built_on(monkeypatch):
+    """The names of the threads that collated each micro-batch, in order (the tail's ``collate``, recorded)."""
+    names: list[str] = []
+    inner = tail_module.collate
+
+    def collate(rows):
+        names.append(threading.current_thread().name)
+        return inner(rows)
+
+    monkeypatch.setattr(tail_module, "collate", collate)
+    return names
+
+
+def test_the_builder_builds_ahead_and_only_delivered_micro_batches_count(docs, tokenizer_path, built_on):
+    """The consumer takes a step and one micro-batch, then stays away: the builder thread collates the rest of the
+    step (not the consumer's thread). A checkpoint then says what the consumer has, not what was built: a fresh
+    inline loader restored from it continues exactly where the uninterrupted run does, and so does the threads
+    iterator itself, the built micro-batches handed over in order. A restore() while micro-batches are built ahead
+    drops them, and an abandoned iterator leaves no builder thread."""
+    with _loader(docs, tokenizer_path, "inline") as ref_loader:
+        ref = [_digest(mb) for mb, _ in zip(ref_loader, range(LANES * 8))]
+    built_on.clear()
+
+    L = _loader(docs, tokenizer_path, "threads")
+    it = iter(L)
+    taken = LANES + 1
+    got = [_digest(next(it)) for _ in range(taken)]
+    wait_until(lambda: len(built_on) >= LANES * 2, 120,
+               f"the builder to build the rest of step 1 with the consumer away ({len(built_on)} built)")
+    assert len(built_on) == LANES * 2, "the builder went past one step"  # it waits for step 1 to be delivered
+    assert set(built_on) == {"zephon-build"}, built_on
+    state = L.checkpoint()
+
+    with _loader(docs, tokenizer_path, "inline") as resumed:
+        resumed.restore(state)
+        assert [_digest(mb) for mb, _ in zip(resumed, range(LANES * 2))] == ref[taken:taken + LANES * 2]
+
+    got += [_digest(next(it)) for _ in range(LANES * 3)]
+    assert got == ref[:len(got)]
+
+    # built ahead again, then restored: what was built is not delivered; the restored state's stream is
+    wait_until(lambda: len(built_on) >= len(got) + LANES - 1, 120, "the builder to build ahead again")
+    L.restore(state)
+    with pytest.raises(RuntimeError, match="superseded"):
+        next(it)
+    it = iter(L)
+    assert [_digest(next(it)) for _ in range(LANES * 2)] == ref[taken:taken + LANES * 2]
+
+    del it
+    gc.collect()
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name == "zephon-build"], 60,
+               "the builder thread to end after its iterator was dropped")
+    L.close()
+
+
+def test_close_from_another_thread_ends_a_consumer_waiting_for_the_builder(docs, tokenizer_path):
+    """A consumer blocked in ``next()`` (the builder waits for rows a held worker never gives) is told, not left
+    hanging, when another thread closes the loader."""
+    release = threading.Event()
+    from zephon.engine import Loader
+    from zephon.formats import open_dataset
+    from zephon.ops import Batch, Decode, Map, Tokenize
+
+    def hold(record):
+        if not release.wait(120):
+            raise RuntimeError("the test never released the worker")
+        return record
+
+    ds = open_dataset(docs)
+    L = Loader([ds], [Decode("text"), Map(hold, name="hold"), Tokenize(tokenizer_path, eos_id="<eos>", max_length=64),
+                      Batch(1)], runner="threads", num_workers=2, canonical_replicas=LANES, chunk_size=16)
+    it = iter(L)
+    out: dict = {}
+
+    def consume():
+        try:
+            next(it)
+        except BaseException as e:  # noqa: BLE001 - the test reports what the consumer got
+            out["error"] = e
+
+    t = threading.Thread(target=consume, daemon=True)
+    t.start()
+    t.join(1.0)
+    assert t.is_alive(), "next() returned although every worker was held"
+    closer = threading.Thread(target=L.close, daemon=True)  # close() waits for the held units: not this thread
+    closer.start()
+    t.join(60)
+    ended = not t.is_alive()
+    release.set()
+    closer.join(60)
+    assert ended, "the consumer still waits 60 s after close() from another thread"
+    assert isinstance(out.get("error"), RuntimeError) and "close()" in str(out["error"]), out
