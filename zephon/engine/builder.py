@@ -22,13 +22,13 @@ import logging
 import threading
 from collections import deque
 
+from .dispatch import join_stopped
+
 log = logging.getLogger("zephon")
 
 # How long a wait sleeps before it looks again whether the builder was stopped or its thread died (every hand-over
 # notifies, so this only bounds how late a wait notices what it was not told).
 IDLE_S = 1.0
-# How long stop() waits for the builder thread to leave (it finishes the micro-batch it builds, then checks).
-JOIN_S = 60.0
 _END = object()
 _ALL = object()  # ``waiting_for``: every lane's micro-batch (a new step)
 
@@ -107,11 +107,7 @@ class Builder:
         self.stopped = True
         with self.lock:
             self.lock.notify_all()
-        if threading.current_thread() is not self.thread:
-            self.thread.join(JOIN_S)
-            if self.thread.is_alive():
-                log.warning("zephon: the micro-batch builder thread did not stop within %s s (it waits on the "
-                            "loader's lock); it is a daemon thread and exits with the process", JOIN_S)
+        join_stopped(self.thread, "the micro-batch builder thread", "the loader's lock")
 
     # -- the tail's side (the builder thread, holding ``lock``) ----------------------------------------------------
     def mark(self, lane: int) -> None:

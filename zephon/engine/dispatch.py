@@ -34,6 +34,17 @@ IDLE_S = 1.0
 JOIN_S = 60.0
 
 
+def join_stopped(thread: threading.Thread, what: str, waits_on: str) -> None:
+    """Wait up to ``JOIN_S`` for a stopped ``thread`` to leave, unless called from it; a warning names ``what`` and
+    what it ``waits_on`` when it does not (a daemon thread, it exits with the process)."""
+    if threading.current_thread() is thread:
+        return
+    thread.join(JOIN_S)
+    if thread.is_alive():
+        log.warning("zephon: %s did not stop within %s s (it waits on %s); it is a daemon thread and exits with the "
+                    "process", what, JOIN_S, waits_on)
+
+
 def work_inline(lanes: dict, order: list[int], runner, priority: int, need: float, through: int) -> None:
     """Work from inside ``next()`` (the ``inline`` runner) until lane ``priority`` holds ``need`` rows or ended.
 
@@ -165,11 +176,7 @@ class Dispatcher:
         """Stop the thread (idempotent); wait for it unless called from it. Units in flight are left to the runner."""
         self.stopped = True
         self.wake.set()
-        if threading.current_thread() is not self.thread:
-            self.thread.join(JOIN_S)
-            if self.thread.is_alive():
-                log.warning("zephon: the dispatcher thread did not stop within %s s (it waits on the loader's lock "
-                            "or its wake event); it is a daemon thread and exits with the process", JOIN_S)
+        join_stopped(self.thread, "the dispatcher thread", "the loader's lock or its wake event")
 
     # -- the thread ------------------------------------------------------------------------------------------------
     def _run(self) -> None:
