@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -123,3 +124,133 @@ def test_close_from_another_thread_ends_a_consumer_waiting_for_the_builder(docs,
     closer.join(60)
     assert ended, "the consumer still waits 60 s after close() from another thread"
     assert isinstance(out.get("error"), RuntimeError) and "close()" in str(out["error"]), out
+
+
+def test_delivery_never_waits_for_the_loaders_lock(docs, tokenizer_path):
+    """While another thread holds the loader's lock (``checkpoint()`` or ``stats()`` from a monitor, the dispatcher
+    publishing), ``next()`` still hands over a micro-batch the builder built: its delivery is one store, so a Ctrl-C
+    in ``next()`` cannot land after the micro-batch was counted and before it was returned while ``next()`` waits on
+    that lock (it did: the builder was woken holding the lock). The stream is the inline run's."""
+    with _loader(docs, tokenizer_path, "inline") as ref_loader:
+        ref = [_digest(mb) for mb, _ in zip(ref_loader, range(LANES * 3))]
+    L = _loader(docs, tokenizer_path, "threads")
+    it = iter(L)
+    got = [_digest(next(it)) for _ in range(LANES + 1)]
+    wait_until(lambda: L.tail.builder is not None and len(L.tail.builder.ready) == LANES - 1, 120,
+               "the builder to build the rest of step 1")
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with L._lock:
+            held.set()
+            release.wait(60)
+
+    h = threading.Thread(target=hold, daemon=True)
+    h.start()
+    assert held.wait(60)
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.update(mbs=[_digest(next(it)) for _ in range(LANES - 1)]), daemon=True)
+    t.start()
+    t.join(30)
+    returned = "mbs" in out
+    release.set()
+    h.join(60)
+    t.join(60)
+    assert returned, "next() waited 30 s for the loader's lock to hand over micro-batches already built"
+    got += out["mbs"]
+    got += [_digest(next(it)) for _ in range(LANES * 3 - len(got))]
+    assert got == ref
+    L.close()
+
+
+def test_a_drop_last_pass_drops_its_tail_only_when_asked(docs, tokenizer_path):
+    """With ``Batch(drop_last=True)`` a finite pass's incomplete last step is dropped (and counted) when the
+    consumer asks past the last whole step, as inside ``next()``: once every micro-batch was taken, and before, the
+    builder has counted nothing dropped, and the checkpoint is the inline run's at the same point (it counted the
+    drop as soon as the last micro-batch was taken: stats and checkpoint bytes depended on timing)."""
+    from zephon.engine import Loader
+    from zephon.formats import open_dataset
+    from zephon.ops import Batch, Decode, Tokenize
+
+    def loader(runner):
+        ds = open_dataset(docs)
+        ops = [Decode("text"), Tokenize(tokenizer_path, eos_id="<eos>", max_length=64), Batch(4, drop_last=True)]
+        return Loader([ds], ops, runner=runner, num_workers=2, canonical_replicas=LANES, chunk_size=16,
+                      exhaustion="stop")
+
+    with loader("inline") as ref_loader:
+        n = sum(1 for _ in ref_loader)
+        dropped = ref_loader.stats()["dropped_rows"]
+    assert dropped > 0, "the corpus must leave an incomplete last step for this test"
+    states = {}
+    for runner in ("inline", "threads"):
+        with loader(runner) as L:
+            it = iter(L)
+            for _ in range(n):
+                next(it)
+            time.sleep(0.5)  # time for a builder to run ahead, if it would
+            states[runner] = (L.stats()["dropped_rows"], L.checkpoint())
+            assert next(it, None) is None
+            assert L.stats()["dropped_rows"] == dropped
+    assert states["threads"] == states["inline"] and states["inline"][0] == 0
+
+
+def test_an_interrupt_while_the_builder_starts_leaves_the_loader_usable(docs, tokenizer_path, monkeypatch):
+    """A Ctrl-C that lands inside ``Thread.start`` of the builder reaches the loop as KeyboardInterrupt (not a
+    ``RuntimeError`` of joining a thread never started, which then came back from every ``iter()`` and ``close()``);
+    the next iteration continues exactly where the uninterrupted run is, and no thread is left."""
+    import zephon.engine.builder as builder_module
+
+    with _loader(docs, tokenizer_path, "inline") as ref_loader:
+        ref = [_digest(mb) for mb, _ in zip(ref_loader, range(LANES))]
+    real = builder_module.Builder.start
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(builder_module.Builder, "start", interrupted)
+    L = _loader(docs, tokenizer_path, "threads")
+    with pytest.raises(KeyboardInterrupt):
+        next(iter(L))
+    monkeypatch.setattr(builder_module.Builder, "start", real)
+    assert [_digest(mb) for mb, _ in zip(L, range(LANES))] == ref
+    L.close()
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name in ("zephon-build", "zephon-dispatch")], 60,
+               "the loader's threads to end after close()")
+
+
+def test_restore_ends_the_superseded_builder(docs, tokenizer_path):
+    """``restore()`` stops the superseded iteration's builder thread at once (the old iterator may stay referenced
+    and never be advanced again); the old iterator then says it was superseded."""
+    L = _loader(docs, tokenizer_path, "threads")
+    it = iter(L)
+    next(it)
+    wait_until(lambda: L.tail.builder is not None and len(L.tail.builder.ready) == LANES - 1, 120,
+               "the builder to build the rest of step 1 (it then waits for the consumer)")
+    state = L.checkpoint()
+    L.restore(state)
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name == "zephon-build"], 60,
+               "the superseded builder thread to end after restore()")
+    with pytest.raises(RuntimeError, match="superseded"):
+        next(it)
+    L.close()
+
+
+def test_a_wake_set_from_inside_its_own_critical_section_does_not_deadlock():
+    """The garbage collector can run an abandoned loader's finalizer (which sets its threads' wakes) on a thread
+    that is inside ``set`` or ``wait`` of that very wake; ``threading.Event``'s plain lock deadlocked there (a
+    dispatcher thread and every later ``close()`` hung). ``Wake`` takes a reentrant lock."""
+    from zephon.engine.dispatch import Wake
+
+    w = Wake()
+    done = threading.Event()
+
+    def nested():
+        with w._cond:  # where a finalizer would run: inside Wake's own critical section
+            w.set()
+        done.set()
+
+    t = threading.Thread(target=nested, daemon=True)
+    t.start()
+    assert done.wait(30), "Wake.set() deadlocked inside its own critical section"
+    assert w.wait(0)

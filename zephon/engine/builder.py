@@ -8,11 +8,14 @@ store of the lane's precomputed cursor, the counts). So the consumer pays for a 
 and the building happens while it trains.
 
 Exactly once: a lane's cursor is what was delivered, never what was built. The builder builds a lane's next
-micro-batch only once the consumer took that lane's previous one (``wait_taken``), and starts a step only once
-every micro-batch of the last one was taken, so every cursor it reads is final; a micro-batch built and never
-taken (the iteration ended, was restored or closed) was never delivered, and the next iteration rebuilds it from
-the cursors. The queue holds at most one micro-batch per lane (one step). The order is the tail's, whatever the
-timing.
+micro-batch only once the consumer took that lane's previous one, and starts a step only once every micro-batch of
+the last one was taken (the tail yields ``Await`` markers; the builder waits, without the lock, until the lanes'
+cursors are the very tuples it built), so every cursor it reads is final; a micro-batch built and never taken (the
+iteration ended, was restored or closed) was never delivered, and the next iteration rebuilds it from the cursors.
+A finite pass's end that changes cursors (``Batch(drop_last=True)`` drops the incomplete last step) waits until
+the consumer asks for more (``DEMAND``), as inside ``next()``. The queue holds at most one micro-batch per lane
+(one step). The order is the tail's, whatever the timing. The consumer's part of a delivery is one store and,
+when the builder waits, setting its wake: it never waits on the loader's lock.
 
 The ``inline`` runner has no builder: it computes inside ``next()`` by definition (the debugging runner).
 """
@@ -21,16 +24,25 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from typing import NamedTuple
 
-from .dispatch import join_stopped
+from .dispatch import Wake, join_stopped
 
 log = logging.getLogger("zephon")
 
 # How long a wait sleeps before it looks again whether the builder was stopped or its thread died (every hand-over
-# notifies, so this only bounds how late a wait notices what it was not told).
+# wakes a waiting builder, so this only bounds how late a wait notices what it was not told).
 IDLE_S = 1.0
 _END = object()
-_ALL = object()  # ``waiting_for``: every lane's micro-batch (a new step)
+
+
+class Await(NamedTuple):
+    """What the tail yields on the builder thread to wait, without the loader's lock, until the consumer took the
+    micro-batch built for ``lane`` (None: every lane's, before a new step)."""
+    lane: int | None
+
+
+DEMAND = object()  # the tail waits until the consumer asks for a micro-batch none is built for (a pass's end)
 
 
 class _Stopped(Exception):
@@ -48,10 +60,9 @@ class Builder:
     """The thread that builds one iteration's micro-batches ahead of the consumer.
 
     Args:
-        items: the iteration's ``(micro-batch, Handed)`` generator (``Tail.steps``, filtered by ``sharing`` when
-            ranks share a lane); the builder runs it holding ``lock`` and closes it when it stops.
-        lock: the Loader's ``threading.Condition`` (over an ``RLock``): held while a micro-batch is built; the
-            builder waits on it for the consumer to take a lane's micro-batch.
+        items: the iteration's generator of ``(micro-batch, Handed)`` (``Tail.steps``), with ``Await`` and
+            ``DEMAND`` markers in between; the builder runs it holding ``lock`` and closes it when it stops.
+        lock: the Loader's ``threading.Condition`` (over an ``RLock``): held while a micro-batch is built.
         poke: called after each micro-batch is built (its lane's delivered rows were freed: the dispatcher may
             work further ahead).
     The tail's errors (bad data, a dead worker, a superseded iteration) reach the consumer in their place in the
@@ -61,8 +72,10 @@ class Builder:
         self.items, self.lock, self.poke = items, lock, poke
         self.ready: deque = deque()
         self.handoff = threading.Condition(threading.Lock())
-        self.untaken: set[int] = set()  # lanes with a micro-batch built and not yet taken
-        self.waiting_for = None  # what the builder waits on ``lock`` for: a lane, ``_ALL`` or nothing (None)
+        self.built: dict = {}  # lane -> (its LanePipeline, its cursor once the last micro-batch built is delivered)
+        self.wake = Wake()  # set by the consumer when the builder waits (``waiting``)
+        self.waiting = False
+        self.asked = False  # the consumer waits for a micro-batch none is built for
         self.stopped = False
         self.thread = threading.Thread(target=self._run, name="zephon-build", daemon=True)
 
@@ -80,7 +93,10 @@ class Builder:
                 if self.stopped or not self.thread.is_alive():
                     raise RuntimeError("the loader's micro-batch builder thread stopped while the consumer waited "
                                        "for a micro-batch (the loader was closed from another thread?)")
+                self.asked = True
+                self.taken()
                 self.handoff.wait(IDLE_S)
+            self.asked = False
             item = self.ready.popleft()
         if item is _END:
             return None
@@ -88,14 +104,11 @@ class Builder:
             raise item.error
         return item
 
-    def taken(self, lane: int) -> None:
-        """Lane ``lane``'s micro-batch was delivered: the builder may build its next one (notified only when what
-        it waits for is now there; one consumer takes, so the last lane of a step taken sees the set empty)."""
-        self.untaken.discard(lane)
-        waiting_for = self.waiting_for  # read after the discard: a builder that set it later sees the discard
-        if waiting_for is not None and (waiting_for == lane or (waiting_for is _ALL and not self.untaken)):
-            with self.lock:
-                self.lock.notify_all()
+    def taken(self) -> None:
+        """A lane's cursor was stored (a micro-batch delivered) or the consumer asks for more: wake a waiting
+        builder. Never blocks on the loader's lock, so an interrupt right after a delivery finds it done."""
+        if self.waiting:
+            self.wake.set()
 
     def is_stopped(self) -> bool:
         """Whether ``stop()`` was called (or the thread ended)."""
@@ -105,28 +118,34 @@ class Builder:
         """Stop the thread (idempotent); wait for it unless called from it. Micro-batches built and not taken are
         dropped (never delivered: the next iteration rebuilds them from the cursors)."""
         self.stopped = True
-        with self.lock:
+        self.wake.set()
+        with self.lock:  # a builder waiting for rows (``Loader.ensure``) looks at ``is_stopped`` when notified
             self.lock.notify_all()
         join_stopped(self.thread, "the micro-batch builder thread", "the loader's lock")
 
-    # -- the tail's side (the builder thread, holding ``lock``) ----------------------------------------------------
-    def mark(self, lane: int) -> None:
-        """A micro-batch of ``lane`` is about to be queued."""
-        self.untaken.add(lane)
+    # -- the tail's side (the builder thread) ----------------------------------------------------------------------
+    def mark(self, lane: int, st, after: tuple) -> None:
+        """A micro-batch of ``lane`` (pipeline ``st``) is about to be queued; ``after``: the lane's cursor once it
+        is delivered (``Tail.deliver`` stores that very tuple)."""
+        self.built[lane] = (st, after)
 
-    def wait_taken(self, lane: int | None) -> None:
-        """Wait until the consumer took ``lane``'s micro-batch (None: every lane's). Raises ``_Stopped`` when the
-        builder is stopped meanwhile."""
-        def pending():
-            return lane in self.untaken if lane is not None else bool(self.untaken)
+    def pending(self, lane: int | None) -> bool:
+        """Whether the micro-batch built last for ``lane`` (None: for any lane) is not delivered yet."""
+        if lane is None:
+            return any(st.cursor is not after for st, after in self.built.values())
+        st, after = self.built.get(lane, (None, None))
+        return st is not None and st.cursor is not after
 
-        while pending():
+    def _wait(self, done) -> None:
+        """Wait, without the loader's lock, until ``done()``; raises ``_Stopped`` when stopped meanwhile."""
+        while not done():
             if self.stopped:
                 raise _Stopped
-            self.waiting_for = _ALL if lane is None else lane  # before the second look: see ``taken``
-            if pending():
-                self.lock.wait(IDLE_S)
-            self.waiting_for = None
+            self.waiting = True  # before the second look: the consumer sets ``wake`` after its delivery
+            self.wake.clear()
+            if not done():
+                self.wake.wait(IDLE_S)
+            self.waiting = False
 
     # -- the thread ------------------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -134,6 +153,12 @@ class Builder:
             while not self.stopped:
                 with self.lock:
                     item = next(self.items, _END)
+                if isinstance(item, Await):
+                    self._wait(lambda lane=item.lane: not self.pending(lane))
+                    continue
+                if item is DEMAND:
+                    self._wait(lambda: self.asked)
+                    continue
                 self._put(item)
                 if item is _END:
                     return

@@ -1,14 +1,15 @@
 """Handing out work to the runner's workers: a dispatcher thread that keeps them busy while the consumer is away.
 
 A ``Loader`` on the ``threads`` or ``processes`` runner starts one ``Dispatcher`` per iteration. Each time a unit
-finishes (a ``Future`` callback) or the consumer takes a micro-batch, the dispatcher thread wakes, releases the
-finished units of every lane in sequence order into their accumulators (``LanePipeline.release``) and submits the
-next units, least-stocked lane first, while the runner has free workers and a lane is below its read-ahead bound.
-The consumer (``Loader.ensure``) only waits for rows. The accumulators (packing, shuffling) and the dispatch
-(computing chunks, submitting units) run on the dispatcher thread outside the Loader's lock, since only that thread
-touches them; a lane's new rows, sealed spans and end are published holding it, and the consumer holds it while it
-takes rows, so it never waits for a lane's packing or a chunk's computation, only for its rows. Dispatch order never
-changes the output (per-lane sequence numbers); it changes only when rows are ready.
+finishes (a ``Future`` callback) or a micro-batch's rows are taken (by the builder thread, ``engine.builder``, or
+inside ``next()``), the dispatcher thread wakes, releases the finished units of every lane in sequence order into
+their accumulators (``LanePipeline.release``) and submits the next units, least-stocked lane first, while the runner
+has free workers and a lane is below its read-ahead bound. The consumer (``Loader.ensure``: the builder, or
+``next()``) only waits for rows. The accumulators (packing, shuffling) and the dispatch (computing chunks,
+submitting units) run on the dispatcher thread outside the Loader's lock, since only that thread touches them; a
+lane's new rows, sealed spans and end are published holding it, and the consumer holds it while it takes rows, so
+it never waits for a lane's packing or a chunk's computation, only for its rows. Dispatch order never changes the
+output (per-lane sequence numbers); it changes only when rows are ready.
 
 Read-ahead bound (memory): a lane gets a new unit only while the rows it holds plus those its units in flight should
 give are fewer than ``read_ahead_steps`` lane steps plus the rows of its next unit; so a lane holds at most about
@@ -26,18 +27,44 @@ from contextlib import contextmanager, nullcontext
 
 log = logging.getLogger("zephon")
 
-# How long the dispatcher sleeps when nothing wakes it (it is woken by every finished unit and every micro-batch taken,
+# How long the dispatcher sleeps when nothing wakes it (it is woken by every finished unit and every micro-batch built,
 # so this only bounds how late it notices a stop it was not told about).
 IDLE_S = 1.0
-# How long close() waits for the dispatcher thread to leave (it finishes the unit it is absorbing or the chunk it is
-# computing, then checks; it never waits on the lock past a stop).
+# How long close() waits for the dispatcher or the builder thread to leave (the dispatcher finishes the unit it is
+# absorbing or the chunk it is computing, the builder the micro-batch it builds, then checks; neither waits on the
+# lock past a stop).
 JOIN_S = 60.0
 
 
+class Wake:
+    """``threading.Event``'s ``set`` / ``clear`` / ``wait`` over a reentrant lock. An abandoned loader's finalizer
+    stops its threads, setting their wake; the garbage collector may run it on a thread that is already inside
+    ``set`` or ``wait`` of that very wake (holding ``Event``'s plain lock, so it deadlocked)."""
+
+    def __init__(self):
+        self._cond = threading.Condition(threading.RLock())
+        self._flag = False
+
+    def set(self) -> None:
+        with self._cond:
+            self._flag = True
+            self._cond.notify_all()
+
+    def clear(self) -> None:
+        self._flag = False
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until set or ``timeout`` seconds passed; returns whether it is set."""
+        with self._cond:
+            if not self._flag:
+                self._cond.wait(timeout)
+            return self._flag
+
+
 def join_stopped(thread: threading.Thread, what: str, waits_on: str) -> None:
-    """Wait up to ``JOIN_S`` for a stopped ``thread`` to leave, unless called from it; a warning names ``what`` and
-    what it ``waits_on`` when it does not (a daemon thread, it exits with the process)."""
-    if threading.current_thread() is thread:
+    """Wait up to ``JOIN_S`` for a stopped ``thread`` to leave, unless called from it or never started; a warning
+    names ``what`` and what it ``waits_on`` when it does not leave (a daemon thread, it exits with the process)."""
+    if threading.current_thread() is thread or thread.ident is None:  # an interrupt can land inside Thread.start
         return
     thread.join(JOIN_S)
     if thread.is_alive():
@@ -108,7 +135,7 @@ class _Stopped(Exception):
 class _Notifying:
     """A runner whose futures wake the dispatcher when they finish (what ``LanePipeline.dispatch`` submits to)."""
 
-    def __init__(self, runner, wake: threading.Event):
+    def __init__(self, runner, wake: Wake):
         self.runner, self.stage, self.capacity = runner, getattr(runner, "stage", None), runner.capacity
         self._wake = wake
 
@@ -139,7 +166,7 @@ class Dispatcher:
 
     def __init__(self, lanes: dict, order: list[int], runner, lock: threading.Condition, ahead_rows: int):
         self.lanes, self.order, self.lock, self.ahead_rows = lanes, order, lock, ahead_rows
-        self.wake = threading.Event()
+        self.wake = Wake()
         self.runner = _Notifying(runner, self.wake)
         self.crashed: BaseException | None = None
         self.want: tuple[int, float] | None = None  # (lane, rows) the consumer waits for
@@ -169,7 +196,7 @@ class Dispatcher:
         self.want = None
 
     def poke(self) -> None:
-        """The consumer took rows: a lane may have fallen below its bound."""
+        """Rows were taken (a micro-batch built): a lane may have fallen below its bound."""
         self.wake.set()
 
     def stop(self) -> None:

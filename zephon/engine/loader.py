@@ -223,6 +223,7 @@ class Loader:
             self.plan = plan
             self._pending = {lane: by_lane[lane] for lane in self.lanes}
             self._generations.bump("restore()")  # what was built and not delivered is never delivered
+        self._stop_builder()  # the superseded iteration's (outside the lock: it may be building)
 
     def explain(self, steps, state: dict | None = None, text_field: str | None = None) -> dict:
         """Every row of the global batches of ``steps`` (a step or a range): lane, micro-batch, and each source
@@ -331,8 +332,8 @@ class Loader:
             if item is None:
                 return
             check(generation)  # a restore() or close() meanwhile: what was built then is not delivered
-            deliver(*item)
             wait(clock() - t)
+            deliver(*item)  # its last step is one store: the consumer has the micro-batch once it is done
             yield item[0]
 
     # -- what the tail multiplexer (engine/tail.py) reads of the lanes --------------------------------

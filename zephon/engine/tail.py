@@ -17,6 +17,7 @@ from .. import checkpoint as ckpt
 from ..formats import DataError, DataWarning
 from ..formats.records import LANE, MICRO, PAD, ROWS, STATE, STEP
 from ..ops.batch import collate, padding_row
+from .builder import DEMAND, Await
 from .sharing import own_block
 
 
@@ -56,12 +57,12 @@ class Tail:
         if handed is None:
             return
         st = handed.lane
-        st.cursor = handed.after
-        self.padded_rows += handed.n_pad
         if handed.facts is not None:
             self.loader._metrics.add_micro_batch(mb, handed.facts, handed.n_pad, st.source)
+        st.cursor = handed.after  # the delivery
+        self.padded_rows += handed.n_pad
         if self.builder is not None:
-            self.builder.taken(mb[LANE])
+            self.builder.taken()
 
     def steps(self, generation: int):
         """``(micro-batch, Handed)`` of the owned lanes in step order until they end: within a step, micro-batch
@@ -73,7 +74,13 @@ class Tail:
         pad = plan.finite and not plan.batch.drop_last and plan.pad_tail and not plan.batch.short_last
         self.steps_done = 0
         while True:
+            yield from self._awaits(None)  # the cursors read to choose the step must be the delivered ones
             chosen = self._next_step(pad)
+            if chosen is _DROP_REST:
+                if self.builder is not None:
+                    yield DEMAND  # the drop changes the cursors: only once the consumer asks for more
+                self.drop_rest()
+                chosen = None
             if chosen is None:
                 self._check_delivered()
                 return
@@ -84,8 +91,9 @@ class Tail:
             self.steps_done += 1
 
     def _next_step(self, pad: bool):
-        """``(step, ready lanes, {lane: rows of the step already delivered})`` of the next step, or None when
-        the stream ends here (its incomplete tail dropped and counted, with drop_last)."""
+        """``(step, ready lanes, {lane: rows of the step already delivered})`` of the next step, None when the
+        stream ends here, or ``_DROP_REST`` when it ends once its incomplete tail is dropped and counted
+        (drop_last: ``steps`` calls ``drop_rest``)."""
         L, rps = self.loader, self.loader.plan.rows_per_lane_step
         self._delivered_all()
         drop_last = L.plan.batch.drop_last
@@ -93,8 +101,7 @@ class Tail:
         if not active:
             return None
         if drop_last and len(active) < len(L.lanes):
-            self.drop_rest()  # a lane of this rank has ended: no complete step can follow
-            return None
+            return _DROP_REST  # a lane of this rank has ended: no complete step can follow
         candidates = L.lanes if pad else active
         # Step order even after a ragged (mid-step, per-rank) checkpoint: lanes behind go first.
         cursors = {lane: L.lane(lane).lane_cursor() for lane in candidates}
@@ -121,17 +128,20 @@ class Tail:
             else:  # this lane ended inside the step (only matters with drop_last)
                 short = True
         if short and drop_last:
-            self.drop_rest()  # a finite stream's last, incomplete step: this rank stops here
-            return None
+            return _DROP_REST  # a finite stream's last, incomplete step: this rank stops here
         if pad and not owed:
             return None  # every lane ran out at a step boundary (a restore after the pass's end): nothing owed
         return step, ready, offset
 
+    def _awaits(self, lane: int | None):
+        """On the builder thread: an ``Await`` marker while the micro-batch built last for ``lane`` (None: any
+        lane's) is not delivered; the builder resumes the tail once it is."""
+        if self.builder is not None and self.builder.pending(lane):
+            yield Await(lane)
+
     def _delivered_all(self) -> None:
-        """Wait until the consumer took every micro-batch built (each cursor is then final), and free the rows
-        delivered, so the lanes' rows and cursors say what is left."""
-        if self.builder is not None:
-            self.builder.wait_taken(None)
+        """Free the rows delivered (every cursor is final here), so the lanes' rows and cursors say what is
+        left."""
         for lane in self.loader.lanes:
             self.loader.lane(lane).drop()
 
@@ -171,8 +181,7 @@ class Tail:
         # Rows count as delivered only once the consumer has their micro-batch (``deliver``): peek, build
         # everything, and hand it over with the lane's cursor after it. A lane's next micro-batch is built only
         # once its last one was delivered, so the cursor read here is final.
-        if self.builder is not None:
-            self.builder.wait_taken(lane)
+        yield from self._awaits(lane)
         st = L.lane(lane)
         st.drop()
         L.ensure(lane, (j + 1) * m - start)  # only this micro-batch's rows: the first one comes without the step's
@@ -197,7 +206,7 @@ class Tail:
         # this rank's micro-batch (sharing a lane, the other blocks are the other ranks'): counted when delivered
         facts = st.peek_facts(n_real) if lo <= j < hi else None
         if self.builder is not None:
-            self.builder.mark(lane)
+            self.builder.mark(lane, st, after)
         yield mb, Handed(st, after, n_pad, facts)
 
     # -- a finite pass's end --------------------------------------------------------------------
@@ -242,6 +251,9 @@ class Tail:
         if dropped > len(L.lanes) * rps:
             warnings.warn(f"finite pass: {why}; use Batch(drop_last=False) to deliver them (the last steps padded)",
                           DataWarning, stacklevel=2)
+
+
+_DROP_REST = object()  # ``_next_step``: the stream ends here once the rows left are dropped (drop_last)
 
 
 def empty_row(chain_ops):
