@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from time import perf_counter
 
 from .. import checkpoint as ckpt
 from ..checkpoint.skips import stream_ranges
@@ -19,6 +18,7 @@ from .builder import Builder
 from .dispatch import Dispatcher, work_inline
 from .explain import explain
 from .generations import Generations
+from .handover import computed, taken
 from .lane import LanePipeline
 from .metrics import MetricsCounter
 from .plan import LoaderPlan
@@ -287,54 +287,26 @@ class Loader:
             # The inline runner computes inside next() by definition; so does a shared lane (its filter delivers
             # the other ranks' blocks in the lane's order, on the consumer's thread).
             if self._dispatcher is None or self.lane_shares > 1:
-                yield from self._computed(items)
+                poke = None if self._dispatcher is None else self._dispatcher.poke
+                yield from computed(items, self._lock, self.tail.deliver, self._metrics.add_wait, poke)
             else:
                 builder = self.tail.builder = Builder(items, self._lock, self._dispatcher.poke)
                 builder.start()
-                yield from self._taken(builder, generation)
+                yield from taken(builder, self.tail.deliver, self._metrics.add_wait,
+                                 lambda: self.check_generation(generation))
         except Exception as e:
             if self._generations.current != generation:  # closed, restored or iterated anew meanwhile
                 raise self._generations.ended() from e
             raise
         finally:
-            if builder is not None:
+            if builder is not None:  # (``tail.builder`` is cleared by restore(), _close below or a newer iter())
                 builder.stop()  # it stops at once: it waits only on the lock, which stop() notifies
-                if self.tail.builder is builder:
-                    self.tail.builder = None
             else:  # the builder closes what it runs
                 items.close()
             if self._runner_iteration == generation:
                 # The iteration's own end (exhausted, raised, Ctrl-C, abandoned) never waits for units in flight: a
                 # worker stuck in a slow read must not hold the exception back. An explicit close() waits.
                 self._close(wait=False)
-
-    def _computed(self, items):
-        """``items``' micro-batches, each computed and delivered inside ``next()`` holding the loader's lock."""
-        clock, wait, lock, deliver = perf_counter, self._metrics.add_wait, self._lock, self.tail.deliver
-        while True:
-            t = clock()  # the consumer asked for a micro-batch at t
-            with lock:
-                item = next(items, None)
-                if item is None:
-                    return
-                deliver(*item)
-            wait(clock() - t)
-            if self._dispatcher is not None:
-                self._dispatcher.poke()  # rows were taken: the lane may work further ahead
-            yield item[0]
-
-    def _taken(self, builder: Builder, generation: int):
-        """The micro-batches ``builder`` built ahead, each delivered as ``next()`` takes it."""
-        clock, wait, deliver, check = perf_counter, self._metrics.add_wait, self.tail.deliver, self.check_generation
-        while True:
-            t = clock()
-            item = builder.take()
-            if item is None:
-                return
-            check(generation)  # a restore() or close() meanwhile: what was built then is not delivered
-            wait(clock() - t)
-            deliver(*item)  # its last step is one store: the consumer has the micro-batch once it is done
-            yield item[0]
 
     # -- what the tail multiplexer (engine/tail.py) reads of the lanes --------------------------------
     def lane(self, lane: int) -> LanePipeline:

@@ -95,7 +95,7 @@ class Tail:
         stream ends here, or ``_DROP_REST`` when it ends once its incomplete tail is dropped and counted
         (drop_last: ``steps`` calls ``drop_rest``)."""
         L, rps = self.loader, self.loader.plan.rows_per_lane_step
-        self._delivered_all()
+        self._free_delivered()
         drop_last = L.plan.batch.drop_last
         active = self._active(pad)
         if not active:
@@ -139,7 +139,7 @@ class Tail:
         if self.builder is not None and self.builder.pending(lane):
             yield Await(lane)
 
-    def _delivered_all(self) -> None:
+    def _free_delivered(self) -> None:
         """Free the rows delivered (every cursor is final here), so the lanes' rows and cursors say what is
         left."""
         for lane in self.loader.lanes:
