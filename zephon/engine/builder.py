@@ -26,7 +26,7 @@ import threading
 from collections import deque
 from typing import NamedTuple
 
-from .dispatch import Wake, join_stopped
+from .wake import Wake, join_stopped
 
 log = logging.getLogger("zephon")
 

@@ -25,51 +25,13 @@ import logging
 import threading
 from contextlib import contextmanager, nullcontext
 
+from .wake import Wake, join_stopped
+
 log = logging.getLogger("zephon")
 
 # How long the dispatcher sleeps when nothing wakes it (it is woken by every finished unit and every micro-batch built,
 # so this only bounds how late it notices a stop it was not told about).
 IDLE_S = 1.0
-# How long close() waits for the dispatcher or the builder thread to leave (the dispatcher finishes the unit it is
-# absorbing or the chunk it is computing, the builder the micro-batch it builds, then checks; neither waits on the
-# lock past a stop).
-JOIN_S = 60.0
-
-
-class Wake:
-    """``threading.Event``'s ``set`` / ``clear`` / ``wait`` over a reentrant lock. An abandoned loader's finalizer
-    stops its threads, setting their wake; the garbage collector may run it on a thread that is already inside
-    ``set`` or ``wait`` of that very wake (holding ``Event``'s plain lock, so it deadlocked)."""
-
-    def __init__(self):
-        self._cond = threading.Condition(threading.RLock())
-        self._flag = False
-
-    def set(self) -> None:
-        with self._cond:
-            self._flag = True
-            self._cond.notify_all()
-
-    def clear(self) -> None:
-        self._flag = False
-
-    def wait(self, timeout: float) -> bool:
-        """Wait until set or ``timeout`` seconds passed; returns whether it is set."""
-        with self._cond:
-            if not self._flag:
-                self._cond.wait(timeout)
-            return self._flag
-
-
-def join_stopped(thread: threading.Thread, what: str, waits_on: str) -> None:
-    """Wait up to ``JOIN_S`` for a stopped ``thread`` to leave, unless called from it or never started; a warning
-    names ``what`` and what it ``waits_on`` when it does not leave (a daemon thread, it exits with the process)."""
-    if threading.current_thread() is thread or thread.ident is None:  # an interrupt can land inside Thread.start
-        return
-    thread.join(JOIN_S)
-    if thread.is_alive():
-        log.warning("zephon: %s did not stop within %s s (it waits on %s); it is a daemon thread and exits with the "
-                    "process", what, JOIN_S, waits_on)
 
 
 def work_inline(lanes: dict, order: list[int], runner, priority: int, need: float, through: int) -> None:
