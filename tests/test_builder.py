@@ -240,7 +240,7 @@ def test_a_wake_set_from_inside_its_own_critical_section_does_not_deadlock():
     """The garbage collector can run an abandoned loader's finalizer (which sets its threads' wakes) on a thread
     that is inside ``set`` or ``wait`` of that very wake; ``threading.Event``'s plain lock deadlocked there (a
     dispatcher thread and every later ``close()`` hung). ``Wake`` takes a reentrant lock."""
-    from zephon.engine.dispatch import Wake
+    from zephon.engine.wake import Wake
 
     w = Wake()
     done = threading.Event()
@@ -254,3 +254,71 @@ def test_a_wake_set_from_inside_its_own_critical_section_does_not_deadlock():
     t.start()
     assert done.wait(30), "Wake.set() deadlocked inside its own critical section"
     assert w.wait(0)
+
+
+def test_an_interrupt_while_the_cleanup_joins_the_builder_still_stops_the_workers(docs, tokenizer_path, monkeypatch):
+    """A Ctrl-C that lands while the iteration's own cleanup waits for its builder thread to leave reaches the loop,
+    and the cleanup still stops the dispatcher and the workers (it used to skip them: they lived until the next
+    ``iter()`` or ``close()``). The next iteration continues exactly where the uninterrupted run is."""
+    import zephon.engine.builder as builder_module
+
+    with _loader(docs, tokenizer_path, "inline") as ref_loader:
+        ref = [_digest(mb) for mb, _ in zip(ref_loader, range(LANES * 2))]
+    L = _loader(docs, tokenizer_path, "threads")
+    it = iter(L)
+    got = [_digest(next(it)) for _ in range(LANES)]
+    real = builder_module.join_stopped
+
+    def interrupted(thread, what, waits_on):
+        monkeypatch.setattr(builder_module, "join_stopped", real)  # once: the next join is a real one
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(builder_module, "join_stopped", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        it.close()  # the generator's cleanup: the builder's join is where the Ctrl-C lands
+    assert L._runner is None and L._dispatcher is None, "the interrupted cleanup left the workers running"
+    wait_until(lambda: not [t for t in threading.enumerate()
+                            if t.name in ("zephon-build", "zephon-dispatch") or t.name.startswith("zephon-worker")],
+               60, "the loader's threads to end after the interrupted cleanup")
+    got += [_digest(mb) for mb, _ in zip(L, range(LANES))]
+    assert got == ref
+    L.close()
+
+
+def test_close_from_another_thread_beside_the_iterations_own_cleanup(docs, tokenizer_path):
+    """``close()`` from another thread may run while the iteration's own cleanup stops the same runner. Made
+    deterministic here: the other thread's ``close()`` runs to its end in the middle of the cleanup's (between its
+    look at the runner and its stop). Neither raises (the cleanup used to read the runner a second time, then
+    ``None``), and the runner's threads end."""
+    L = _loader(docs, tokenizer_path, "threads")
+    it = iter(L)
+    next(it)
+    real = L._stop_runner
+    errors: list = []
+
+    class CloseBesideIt:
+        """The runner's finalizer, whose ``detach()`` (the cleanup's step between its look and its stop) first
+        lets another thread's ``close()`` run to its end."""
+
+        def __init__(self):
+            self.calls = 0
+
+        def detach(self):
+            self.calls += 1
+            if self.calls == 1:
+                def close():
+                    try:
+                        L.close()
+                    except BaseException as e:  # noqa: BLE001 - reported by the test
+                        errors.append(e)
+                t = threading.Thread(target=close)
+                t.start()
+                t.join(60)
+            return real.detach()
+
+    hook = L._stop_runner = CloseBesideIt()
+    it.close()  # the iteration's own cleanup: _close(wait=False)
+    assert hook.calls >= 1 and not errors, errors
+    assert L._runner is None
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("zephon-worker")], 60,
+               "the runner's worker threads to end")

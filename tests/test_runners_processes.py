@@ -119,6 +119,29 @@ def test_processes_output_identical_to_inline_and_nothing_leaks(jsonl, reference
     assert len(pids) == 2 and not _alive([psutil.Process(p) for p in pids if psutil.pid_exists(p)])
 
 
+def test_a_second_close_from_another_thread_waits_for_the_workers_too(jsonl):
+    """Two threads close one runner (``close()`` from a monitor beside an iteration's own cleanup): the second
+    returns only once the workers are gone too, not at once because the first already began (it did)."""
+    runner = ProcessRunner(make(jsonl, "inline").stage, 1)
+    pids, gate, real = runner.pids, threading.Event(), runner._shutdown
+
+    def held_shutdown():  # the first close() is still stopping the workers while the second is called
+        gate.wait(60)
+        real()
+
+    runner._shutdown = held_shutdown
+    first = threading.Thread(target=runner.close)
+    first.start()
+    deadline = time.monotonic() + 60
+    while not runner._closing and time.monotonic() < deadline:
+        time.sleep(0.01)
+    threading.Timer(0.3, gate.set).start()
+    runner.close()
+    assert not runner._thread.is_alive(), "the second close() returned while the first was still stopping workers"
+    assert not _alive([psutil.Process(p) for p in pids if psutil.pid_exists(p)])
+    first.join(60)
+
+
 def test_arrays_travel_in_shared_memory_as_views(jsonl):
     template = make(jsonl, "inline")
     ptrs = template.source.chunk(0, 0).slice(0, 4)

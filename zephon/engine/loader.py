@@ -1,13 +1,12 @@
 """The Loader: one data-parallel rank's view of the deterministic pipeline.
 
-Data flow: WorkSource chunks -> units on the runner's workers (read + stateless operators) ->
-per-lane sequence reorder -> per-lane accumulators on the pump (the iterating thread), with flush
-sentinels every ``flush_every_k_chunks`` chunks -> per-lane row buffers -> tail multiplexer
-(strict round-robin over the owned lanes) -> micro-batches.
+Data flow: WorkSource chunks -> units on the runner's workers (read + stateless operators) -> per-lane sequence
+reorder -> per-lane accumulators (the dispatcher thread, ``engine.dispatch``; inside ``next()`` for ``inline``), with
+flush sentinels -> per-lane row buffers -> tail multiplexer (round-robin over the owned lanes; the builder thread,
+``engine.builder``) -> micro-batches.
 """
 from __future__ import annotations
 
-import logging
 import threading
 import weakref
 
@@ -27,12 +26,19 @@ from .sharing import shared_micro_batches
 from .stage import DEFAULT_MAX_SKIP_FRACTION
 from .tail import Tail
 
-log = logging.getLogger("zephon")
-
 
 def _planned(name: str) -> property:
     """A read-only view of the plan's field ``name``."""
     return property(lambda self: getattr(self.plan, name), doc=f"The plan's ``{name}`` (``LoaderPlan``).")
+
+
+def _stop(owner, name: str) -> None:
+    """Clear ``owner.<name>`` (the dispatcher or the builder) and stop what it held. A close() from another thread
+    may run beside the iteration's own cleanup: the attribute is read once, and a second stop is harmless."""
+    thread = getattr(owner, name)
+    setattr(owner, name, None)
+    if thread is not None:
+        thread.stop()
 
 
 class Loader:
@@ -116,16 +122,13 @@ class Loader:
                  unit_size: int = 256, lanes=None, emit_state: bool = False, pad_tail: bool = True,
                  max_skip_fraction=DEFAULT_MAX_SKIP_FRACTION, batching: str = "random",
                  epochs_per_pass=None, read_ahead_steps: int = 4):
-        self._init(LoaderPlan.build(datasets, ops, weights=weights, seed=seed,
-                                    canonical_replicas=canonical_replicas, chunk_size=chunk_size,
-                                    global_batch_size=global_batch_size, shuffle=shuffle,
-                                    shuffle_block_size=shuffle_block_size, exhaustion=exhaustion,
-                                    flush_every_k_chunks=flush_every_k_chunks, flush_span=flush_span,
-                                    dp_degree=dp_degree,
-                                    dp_rank=dp_rank, lane_assignment=lane_assignment, unit_size=unit_size,
-                                    pad_tail=pad_tail, batching=batching,
-                                    epochs_per_pass=epochs_per_pass),
-                   runner=runner, num_workers=num_workers, lanes=lanes, emit_state=emit_state,
+        plan = LoaderPlan.build(
+            datasets, ops, weights=weights, seed=seed, canonical_replicas=canonical_replicas, chunk_size=chunk_size,
+            global_batch_size=global_batch_size, shuffle=shuffle, shuffle_block_size=shuffle_block_size,
+            exhaustion=exhaustion, flush_every_k_chunks=flush_every_k_chunks, flush_span=flush_span,
+            dp_degree=dp_degree, dp_rank=dp_rank, lane_assignment=lane_assignment, unit_size=unit_size,
+            pad_tail=pad_tail, batching=batching, epochs_per_pass=epochs_per_pass)
+        self._init(plan, runner=runner, num_workers=num_workers, lanes=lanes, emit_state=emit_state,
                    max_skip_fraction=max_skip_fraction, read_ahead_steps=read_ahead_steps)
 
     @classmethod
@@ -223,7 +226,7 @@ class Loader:
             self.plan = plan
             self._pending = {lane: by_lane[lane] for lane in self.lanes}
             self._generations.bump("restore()")  # what was built and not delivered is never delivered
-        self._stop_builder()  # the superseded iteration's (outside the lock: it may be building)
+        _stop(self.tail, "builder")  # the superseded iteration's (outside the lock: it may be building)
 
     def explain(self, steps, state: dict | None = None, text_field: str | None = None) -> dict:
         """Every row of the global batches of ``steps`` (a step or a range): lane, micro-batch, and each source
@@ -233,13 +236,13 @@ class Loader:
 
     # -- iteration ------------------------------------------------------------------------------
     def _start(self) -> None:
-        self._stop_builder()  # the last iteration's (its micro-batches built and not taken are not delivered)
+        _stop(self.tail, "builder")  # the last iteration's (its micro-batches built and not taken are not delivered)
         if self._pending is not None:
             entries = self._pending
         else:  # a new iteration continues where the last one stopped
             entries = {lane: st.lane_cursor() for lane, st in self._state.items()}
         self._pending = None
-        self._stop_dispatcher()  # the last iteration's: its lanes are replaced now
+        _stop(self, "_dispatcher")  # the last iteration's: its lanes are replaced now
         if self._runner is None:
             self._runner = make_runner(self._runner_spec, self.stage, self.num_workers)
             self._stop_runner = weakref.finalize(self, self._runner.close, False)  # a collection never waits
@@ -256,16 +259,6 @@ class Loader:
         if self._runner.name != "inline":  # inline computes inside next() by definition (engine.dispatch)
             self._dispatcher = Dispatcher(self._state, list(self.lanes), self._runner, self._lock,
                                           self.read_ahead_steps * rps)
-
-    def _stop_dispatcher(self) -> None:
-        if self._dispatcher is not None:
-            self._dispatcher.stop()
-            self._dispatcher = None
-
-    def _stop_builder(self) -> None:
-        if self.tail.builder is not None:
-            self.tail.builder.stop()
-            self.tail.builder = None
 
     def __iter__(self):
         return self._steps()
@@ -299,14 +292,16 @@ class Loader:
                 raise self._generations.ended() from e
             raise
         finally:
-            if builder is not None:  # (``tail.builder`` is cleared by restore(), _close below or a newer iter())
-                builder.stop()  # it stops at once: it waits only on the lock, which stop() notifies
-            else:  # the builder closes what it runs
-                items.close()
-            if self._runner_iteration == generation:
-                # The iteration's own end (exhausted, raised, Ctrl-C, abandoned) never waits for units in flight: a
-                # worker stuck in a slow read must not hold the exception back. An explicit close() waits.
-                self._close(wait=False)
+            try:
+                if builder is not None:  # (``tail.builder`` is cleared by restore(), _close below or a newer iter())
+                    builder.stop()  # it stops at once: it waits only on the lock, which stop() notifies
+                else:  # the builder closes what it runs
+                    items.close()
+            finally:  # a Ctrl-C while the builder is joined still stops the dispatcher and the workers
+                if self._runner_iteration == generation:
+                    # The iteration's own end (exhausted, raised, Ctrl-C, abandoned) never waits for units in flight:
+                    # a worker stuck in a slow read must not hold the exception back. An explicit close() waits.
+                    self._close(wait=False)
 
     # -- what the tail multiplexer (engine/tail.py) reads of the lanes --------------------------------
     def lane(self, lane: int) -> LanePipeline:
@@ -385,12 +380,17 @@ class Loader:
     def _close(self, wait: bool) -> None:
         if self._runner_iteration == self._generations.current:
             self._generations.bump("close()")  # the open iterator ends at its next micro-batch, saying why
-        self._stop_builder()
-        self._stop_dispatcher()
-        if self._runner is not None and self._owns_runner:
-            self._stop_runner.detach()  # the finalizer is then dead
-            self._runner.close(wait)
-            self._runner = None
+        try:  # each stop runs even when an interrupt ends the one before
+            _stop(self.tail, "builder")
+        finally:
+            try:
+                _stop(self, "_dispatcher")
+            finally:
+                runner = self._runner
+                if runner is not None and self._owns_runner:
+                    self._runner = None
+                    self._stop_runner.detach()  # the finalizer is then dead
+                    runner.close(wait)
 
     def __enter__(self):
         return self

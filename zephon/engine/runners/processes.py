@@ -185,11 +185,9 @@ class ProcessRunner(Runner):
     def close(self, wait: bool = True) -> None:
         """Stop the workers (at once: their socket closes) and cancel units not finished (``wait``: unused)."""
         with self._lock:
-            if self._closing:
-                return
             self._closing = True
         self._wake()
-        if threading.current_thread() is not self._thread:
+        if threading.current_thread() is not self._thread:  # a second close() (another thread's) waits too
             self._thread.join()
 
     def _wake(self) -> None:
