@@ -120,7 +120,7 @@ def open_dataset(source, *, format: str | None = None, name: str | None = None, 
         raise ValueError(f"format must be one of {tuple(FORMATS)} or None, not {format!r}")
     fmt = format if format is not None else detect_format(source, keywords.get("split"), detection_fetcher(keywords))
     opener = FORMATS[fmt].open if fmt is not None else open_files
-    own = format_keywords(opener)
+    own = format_keywords(opener) if keywords else None  # no keyword to check: no opener need be looked at
     if own is not None:
         owned = [format_keywords(e.open) for e in FORMATS.values()]
         if None not in owned:  # else some format takes any keyword: none is unknown
