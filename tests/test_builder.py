@@ -236,24 +236,60 @@ def test_restore_ends_the_superseded_builder(docs, tokenizer_path):
     L.close()
 
 
-def test_a_wake_set_from_inside_its_own_critical_section_does_not_deadlock():
-    """The garbage collector can run an abandoned loader's finalizer (which sets its threads' wakes) on a thread
-    that is inside ``set`` or ``wait`` of that very wake; ``threading.Event``'s plain lock deadlocked there (a
-    dispatcher thread and every later ``close()`` hung). ``Wake`` takes a reentrant lock."""
+def _at_event(n: int, act, run) -> bool:
+    """Run ``run()`` in this thread and call ``act()`` at its ``n``-th traced call or line event (stdlib code that
+    ``run`` calls is traced too, C code is not): where a signal handler or a garbage collection can run Python code.
+    Returns whether ``act`` ran (False: ``run`` has fewer events)."""
+    import sys
+
+    left = [n]
+
+    def trace(frame, event, arg):
+        if event in ("call", "line") and left[0] > 0:
+            left[0] -= 1
+            if left[0] == 0:
+                sys.settrace(None)
+                act()
+        return trace
+
+    sys.settrace(trace)
+    try:
+        run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.settrace(None)
+    return left[0] == 0
+
+
+@pytest.mark.parametrize("what", ["interrupt", "finalizer"])
+def test_a_wake_still_wakes_after_an_interrupt_or_a_finalizer_anywhere_inside_it(what):
+    """The consumer sets the builder's wake on every delivery, and the garbage collector may run an abandoned
+    loader's finalizer (which sets its threads' wakes) on any thread. A Ctrl-C (``interrupt``) or a nested ``set``
+    (``finalizer``) at any line of ``set`` / ``clear`` / ``wait``, including the standard library code they run,
+    neither deadlocks nor leaves the wake unable to wake its thread. ``threading.Event``'s plain lock deadlocked on
+    the nested ``set``; a ``Condition`` left its lock held after an interrupt inside its ``__exit__``, and the
+    waiting thread never woke."""
     from zephon.engine.wake import Wake
 
-    w = Wake()
-    done = threading.Event()
+    def interrupt():
+        raise KeyboardInterrupt
 
-    def nested():
-        with w._cond:  # where a finalizer would run: inside Wake's own critical section
-            w.set()
-        done.set()
-
-    t = threading.Thread(target=nested, daemon=True)
-    t.start()
-    assert done.wait(30), "Wake.set() deadlocked inside its own critical section"
-    assert w.wait(0)
+    for n in range(1, 200):
+        w = Wake()
+        fired = _at_event(n, interrupt if what == "interrupt" else w.set,
+                          lambda: (w.set(), w.clear(), w.wait(0), w.set()))
+        if not fired:
+            break
+        w.clear()
+        got: list = []
+        t = threading.Thread(target=lambda: got.append(w.wait(10)), daemon=True)
+        t.start()
+        time.sleep(0.01)
+        w.set()
+        t.join(10)
+        assert got == [True], f"{what} at event {n}: the wake no longer wakes its thread"
+    assert n > 3, "the wake's methods were never traced"
 
 
 def test_an_interrupt_while_the_cleanup_joins_the_builder_still_stops_the_workers(docs, tokenizer_path, monkeypatch):
@@ -287,9 +323,9 @@ def test_an_interrupt_while_the_cleanup_joins_the_builder_still_stops_the_worker
 
 def test_close_from_another_thread_beside_the_iterations_own_cleanup(docs, tokenizer_path):
     """``close()`` from another thread may run while the iteration's own cleanup stops the same runner. Made
-    deterministic here: the other thread's ``close()`` runs to its end in the middle of the cleanup's (between its
-    look at the runner and its stop). Neither raises (the cleanup used to read the runner a second time, then
-    ``None``), and the runner's threads end."""
+    deterministic here: the other thread's ``close()`` runs to its end in the middle of the cleanup's (after the
+    cleanup read the runner). Neither raises (the cleanup used to read the runner a second time and find ``None``),
+    and the runner's threads end."""
     L = _loader(docs, tokenizer_path, "threads")
     it = iter(L)
     next(it)
@@ -322,3 +358,31 @@ def test_close_from_another_thread_beside_the_iterations_own_cleanup(docs, token
     assert L._runner is None
     wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("zephon-worker")], 60,
                "the runner's worker threads to end")
+
+
+@pytest.mark.parametrize("runner", ["threads", "processes"])
+def test_an_abandoned_iterator_in_a_reference_cycle_with_its_loader_is_collected(docs, tokenizer_path, runner):
+    """A loader and its started iterator, kept in a reference cycle (loader -> holder -> loader) and dropped, are
+    collected, which ends the iteration: its threads (and worker processes) end. The builder thread runs the
+    loader's tail, and used to hold the loader: never garbage then, its threads ran until the process exited."""
+    import psutil
+
+    before = set(threading.enumerate())
+    L = _loader(docs, tokenizer_path, runner)
+    it = iter(L)
+    for _ in range(LANES + 1):
+        next(it)
+    mine = [t for t in threading.enumerate() if t not in before and t.name.startswith("zephon")]
+    pids = list(L._runner.pids) if runner == "processes" else []
+    assert mine and len(pids) == (2 if runner == "processes" else 0)
+    L.cycle = {"loader": L, "iterator": it}
+    del L, it
+
+    def ended() -> bool:
+        gc.collect()  # the builder may be mid-build (holding the loader for a moment) at one collection, not at all
+        return not any(t.is_alive() for t in mine) and not any(psutil.pid_exists(p) and
+                                                              psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                                                              for p in pids)
+
+    wait_until(ended, 60, f"the threads {[t.name for t in mine if t.is_alive()]} and workers {pids} of a loader "
+                          f"dropped in a reference cycle to end")

@@ -11,6 +11,7 @@ themselves (their pipelines, dispatch and replay) are the ``Loader``'s. See docs
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import NamedTuple
 
 from .. import checkpoint as ckpt
@@ -41,7 +42,10 @@ class Tail:
     None when the tail runs inside ``next()``)."""
 
     def __init__(self, loader):
-        self.loader = loader
+        # A proxy: the builder thread runs this tail, and a strong reference from a running thread would keep an
+        # abandoned loader (and an iterator the user keeps in a reference cycle with it) from ever being collected,
+        # so its iteration would never end and its threads would run until the process exits.
+        self.loader = weakref.proxy(loader)
         self.builder = None
         self.template = None  # a delivered row: the shape of padding rows
         self.dropped_rows = 0
