@@ -6,6 +6,7 @@ Both wait on a ``Wake`` between pieces of work and are stopped the same way: a f
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 
 log = logging.getLogger("zephon")
@@ -17,28 +18,37 @@ JOIN_S = 60.0
 
 
 class Wake:
-    """``threading.Event``'s ``set`` / ``clear`` / ``wait`` over a reentrant lock. An abandoned loader's finalizer
-    stops its threads, setting their wake; the garbage collector may run it on a thread that is already inside
-    ``set`` or ``wait`` of that very wake (holding ``Event``'s plain lock, so it deadlocked)."""
+    """``threading.Event``'s ``set`` / ``clear`` / ``wait``, for one waiting thread, with no lock in Python code:
+    ``set`` is a flag and a ``queue.SimpleQueue.put`` (C code, reentrant). An abandoned loader's finalizer stops
+    its threads by setting their wakes, and the garbage collector may run it on a thread already inside ``set`` or
+    ``wait`` of that very wake (``Event``'s plain lock deadlocked there); a Ctrl-C may land anywhere in ``set``
+    (``Condition``'s Python code could be left holding its lock, and the waiting thread then never woke)."""
 
     def __init__(self):
-        self._cond = threading.Condition(threading.RLock())
+        self._tokens: queue.SimpleQueue = queue.SimpleQueue()
         self._flag = False
 
     def set(self) -> None:
-        with self._cond:
+        if not self._flag:
             self._flag = True
-            self._cond.notify_all()
+            self._tokens.put(None)
 
     def clear(self) -> None:
         self._flag = False
+        while True:  # a token left by an earlier set() would end the next wait at once
+            try:
+                self._tokens.get_nowait()
+            except queue.Empty:
+                return
 
     def wait(self, timeout: float) -> bool:
         """Wait until set or ``timeout`` seconds passed; returns whether it is set."""
-        with self._cond:
-            if not self._flag:
-                self._cond.wait(timeout)
-            return self._flag
+        if not self._flag:
+            try:
+                self._tokens.get(timeout=timeout)
+            except queue.Empty:
+                pass
+        return self._flag
 
 
 def join_stopped(thread: threading.Thread, what: str, waits_on: str) -> None:
