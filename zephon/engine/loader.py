@@ -33,12 +33,13 @@ def _planned(name: str) -> property:
 
 
 def _stop(owner, name: str) -> None:
-    """Clear ``owner.<name>`` (the dispatcher or the builder) and stop what it held. A close() from another thread
-    may run beside the iteration's own cleanup: the attribute is read once, and a second stop is harmless."""
+    """Stop what ``owner.<name>`` holds (the dispatcher or the builder), then clear it (so an interrupt inside the stop
+    leaves it to the next close()). A close() from another thread may run beside this: a second stop is harmless."""
     thread = getattr(owner, name)
-    setattr(owner, name, None)
     if thread is not None:
         thread.stop()
+        if getattr(owner, name) is thread:  # not a newer iteration's
+            setattr(owner, name, None)
 
 
 class Loader:
@@ -388,9 +389,9 @@ class Loader:
             finally:
                 runner = self._runner
                 if runner is not None and self._owns_runner:
+                    runner.close(wait)  # then forgotten (as in _stop); the finalizer dies with it
+                    self._stop_runner.detach()
                     self._runner = None
-                    self._stop_runner.detach()  # the finalizer is then dead
-                    runner.close(wait)
 
     def __enter__(self):
         return self
