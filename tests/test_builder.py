@@ -386,3 +386,30 @@ def test_an_abandoned_iterator_in_a_reference_cycle_with_its_loader_is_collected
 
     wait_until(ended, 60, f"the threads {[t.name for t in mine if t.is_alive()]} and workers {pids} of a loader "
                           f"dropped in a reference cycle to end")
+
+
+def test_a_stop_interrupted_before_it_took_effect_is_done_by_the_next_close(docs, tokenizer_path, monkeypatch):
+    """A Ctrl-C can land inside the dispatcher's (or the builder's) ``stop()`` before it took effect. The loader
+    forgets a thread only once it is stopped, so the next ``close()`` stops it (the dispatcher thread ran on after
+    every later ``close()``: the loader had already forgotten it)."""
+    from zephon.engine.dispatch import Dispatcher
+
+    real, calls = Dispatcher.stop, []
+
+    def interrupted(self):
+        calls.append(self)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        real(self)
+
+    monkeypatch.setattr(Dispatcher, "stop", interrupted)
+    L = _loader(docs, tokenizer_path, "threads")
+    it = iter(L)
+    next(it)
+    dispatcher = L._dispatcher
+    with pytest.raises(KeyboardInterrupt):
+        L.close()
+    L.close()
+    assert dispatcher in calls[1:], "the next close() did not stop the dispatcher the interrupted one left"
+    wait_until(lambda: not dispatcher.thread.is_alive(), 60, "the dispatcher thread to end after the next close()")
+    it.close()
