@@ -413,3 +413,30 @@ def test_a_stop_interrupted_before_it_took_effect_is_done_by_the_next_close(docs
     assert dispatcher in calls[1:], "the next close() did not stop the dispatcher the interrupted one left"
     wait_until(lambda: not dispatcher.thread.is_alive(), 60, "the dispatcher thread to end after the next close()")
     it.close()
+
+
+def test_an_interrupt_inside_the_runners_close_never_leaves_a_closed_runner_to_serve(docs, tokenizer_path,
+                                                                                     monkeypatch):
+    """A Ctrl-C can land inside the runner's ``close()`` after it took effect (while it waits for its workers). The
+    next ``iter()`` then starts a new runner and continues exactly where the uninterrupted run is (it reused the
+    closed runner: ``cannot schedule new futures after shutdown``)."""
+    from zephon.engine.runners import ThreadRunner
+
+    with _loader(docs, tokenizer_path, "inline") as ref_loader:
+        ref = [_digest(mb) for mb, _ in zip(ref_loader, range(LANES * 3))]
+    real = ThreadRunner.close
+
+    def interrupted(self, wait=True):
+        real(self, wait)
+        monkeypatch.setattr(ThreadRunner, "close", real)
+        raise KeyboardInterrupt  # after the close took effect
+
+    L = _loader(docs, tokenizer_path, "threads")
+    it = iter(L)
+    got = [_digest(next(it)) for _ in range(LANES)]
+    monkeypatch.setattr(ThreadRunner, "close", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        L.close()
+    got += [_digest(mb) for mb, _ in zip(L, range(LANES * 2))]
+    assert got == ref
+    L.close()

@@ -389,9 +389,9 @@ class Loader:
             finally:
                 runner = self._runner
                 if runner is not None and self._owns_runner:
-                    runner.close(wait)  # then forgotten (as in _stop); the finalizer dies with it
-                    self._stop_runner.detach()
-                    self._runner = None
+                    self._runner = None  # first: a closed runner must never serve a new iter() (an interrupt below)
+                    runner.close(wait)
+                    self._stop_runner.detach()  # only once closed: else the loader's collection closes it
 
     def __enter__(self):
         return self
