@@ -292,10 +292,10 @@ def test_a_wake_still_wakes_after_an_interrupt_or_a_finalizer_anywhere_inside_it
     assert n > 3, "the wake's methods were never traced"
 
 
-def test_an_interrupt_while_the_cleanup_joins_the_builder_still_stops_the_workers(docs, tokenizer_path, monkeypatch):
-    """A Ctrl-C that lands while the iteration's own cleanup waits for its builder thread to leave reaches the loop,
-    and the cleanup still stops the dispatcher and the workers (it used to skip them: they lived until the next
-    ``iter()`` or ``close()``). The next iteration continues exactly where the uninterrupted run is."""
+def test_an_interrupt_while_the_cleanup_stops_the_builder_still_stops_the_workers(docs, tokenizer_path, monkeypatch):
+    """A Ctrl-C that lands while the iteration's own cleanup stops its builder thread reaches the loop, and the
+    cleanup still stops the dispatcher and the workers (it used to skip them: they lived until the next ``iter()``
+    or ``close()``). The next iteration continues exactly where the uninterrupted run is."""
     import zephon.engine.builder as builder_module
 
     with _loader(docs, tokenizer_path, "inline") as ref_loader:
@@ -303,16 +303,17 @@ def test_an_interrupt_while_the_cleanup_joins_the_builder_still_stops_the_worker
     L = _loader(docs, tokenizer_path, "threads")
     it = iter(L)
     got = [_digest(next(it)) for _ in range(LANES)]
-    real = builder_module.join_stopped
+    real = builder_module.Builder.stop
 
-    def interrupted(thread, what, waits_on):
-        monkeypatch.setattr(builder_module, "join_stopped", real)  # once: the next join is a real one
+    def interrupted(self, wait=True):
+        monkeypatch.setattr(builder_module.Builder, "stop", real)  # once: the next stop is a real one
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(builder_module, "join_stopped", interrupted)
+    monkeypatch.setattr(builder_module.Builder, "stop", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        it.close()  # the generator's cleanup: the builder's join is where the Ctrl-C lands
-    assert L._runner is None and L._dispatcher is None, "the interrupted cleanup left the workers running"
+        it.close()  # the generator's cleanup: the builder's stop is where the Ctrl-C lands
+    assert L._runner is None and (L._dispatcher is None or L._dispatcher.stopped), \
+        "the interrupted cleanup left the workers running"
     wait_until(lambda: not [t for t in threading.enumerate()
                             if t.name in ("zephon-build", "zephon-dispatch") or t.name.startswith("zephon-worker")],
                60, "the loader's threads to end after the interrupted cleanup")
@@ -396,11 +397,11 @@ def test_a_stop_interrupted_before_it_took_effect_is_done_by_the_next_close(docs
 
     real, calls = Dispatcher.stop, []
 
-    def interrupted(self):
+    def interrupted(self, wait=True):
         calls.append(self)
         if len(calls) == 1:
             raise KeyboardInterrupt
-        real(self)
+        real(self, wait)
 
     monkeypatch.setattr(Dispatcher, "stop", interrupted)
     L = _loader(docs, tokenizer_path, "threads")
@@ -440,3 +441,33 @@ def test_an_interrupt_inside_the_runners_close_never_leaves_a_closed_runner_to_s
     got += [_digest(mb) for mb, _ in zip(L, range(LANES * 2))]
     assert got == ref
     L.close()
+
+
+def test_the_iterations_own_end_never_waits_for_its_threads(docs, tokenizer_path, monkeypatch):
+    """The iteration's own end (exhausted, raised, abandoned: then maybe a garbage collection on any thread, holding
+    any lock) only tells its threads to stop; ``close()`` and a new ``iter()`` wait for them. Here the dispatcher is
+    held on a lock the closing thread holds (as a collection on a thread inside ``ThreadPoolExecutor.submit`` holds
+    ``concurrent.futures``' global lock, which the dispatcher's own submit needs): the end used to wait 60 s for the
+    dispatcher, then warn."""
+    from zephon.engine.runners import ThreadRunner
+
+    gate, real = threading.Lock(), ThreadRunner.submit
+
+    def gated(self, ptrs):
+        with gate:
+            return real(self, ptrs)
+
+    L = _loader(docs, tokenizer_path, "threads")
+    it = iter(L)
+    next(it)
+    monkeypatch.setattr(ThreadRunner, "submit", gated)
+    with gate:
+        L._dispatcher.poke()
+        time.sleep(0.2)  # the dispatcher reaches the gate (it submits the next units)
+        t = time.monotonic()
+        it.close()
+        took = time.monotonic() - t
+    assert took < 5, f"the iteration's end waited {took:.1f} s for its threads"
+    dispatcher = L._dispatcher
+    L.close()  # waits for them
+    assert L._dispatcher is None and not dispatcher.thread.is_alive()

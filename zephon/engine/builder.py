@@ -114,14 +114,20 @@ class Builder:
         """Whether ``stop()`` was called (or the thread ended)."""
         return self.stopped
 
-    def stop(self) -> None:
-        """Stop the thread (idempotent); wait for it unless called from it. Micro-batches built and not taken are
-        dropped (never delivered: the next iteration rebuilds them from the cursors)."""
+    def stop(self, wait: bool = True) -> None:
+        """Stop the thread (idempotent); ``wait``: for it to leave, unless called from it. Micro-batches built and
+        not taken are dropped (never delivered: the next iteration rebuilds them from the cursors)."""
         self.stopped = True
         self.wake.set()
-        with self.lock:  # a builder waiting for rows (``Loader.ensure``) looks at ``is_stopped`` when notified
-            self.lock.notify_all()
-        join_stopped(self.thread, "the micro-batch builder thread", "the loader's lock")
+        # A builder waiting for rows (``Loader.ensure``) looks at ``is_stopped`` when notified, or within ``IDLE_S``:
+        # notify only if the lock is free now, since a finalizer (wait=False) must never block.
+        if self.lock.acquire(blocking=wait):
+            try:
+                self.lock.notify_all()
+            finally:
+                self.lock.release()
+        if wait:
+            join_stopped(self.thread, "the micro-batch builder thread", "the loader's lock")
 
     # -- the tail's side (the builder thread) ----------------------------------------------------------------------
     def mark(self, lane: int, st, after: tuple) -> None:

@@ -161,11 +161,13 @@ class Dispatcher:
         """Rows were taken (a micro-batch built): a lane may have fallen below its bound."""
         self.wake.set()
 
-    def stop(self) -> None:
-        """Stop the thread (idempotent); wait for it unless called from it. Units in flight are left to the runner."""
+    def stop(self, wait: bool = True) -> None:
+        """Stop the thread (idempotent); ``wait``: for it to leave, unless called from it. Units in flight are left
+        to the runner."""
         self.stopped = True
         self.wake.set()
-        join_stopped(self.thread, "the dispatcher thread", "the loader's lock or its wake event")
+        if wait:
+            join_stopped(self.thread, "the dispatcher thread", "the loader's lock or its wake event")
 
     # -- the thread ------------------------------------------------------------------------------------------------
     def _run(self) -> None:

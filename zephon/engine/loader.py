@@ -32,13 +32,13 @@ def _planned(name: str) -> property:
     return property(lambda self: getattr(self.plan, name), doc=f"The plan's ``{name}`` (``LoaderPlan``).")
 
 
-def _stop(owner, name: str) -> None:
-    """Stop what ``owner.<name>`` holds (the dispatcher or the builder), then clear it (so an interrupt inside the stop
-    leaves it to the next close()). A close() from another thread may run beside this: a second stop is harmless."""
+def _stop(owner, name: str, wait: bool = True) -> None:
+    """Stop what ``owner.<name>`` holds (dispatcher, builder); clear it once it left (``wait``), else the next iter()
+    or close() waits for it, as after an interrupt in the stop. A second stop (another thread's) is harmless."""
     thread = getattr(owner, name)
     if thread is not None:
-        thread.stop()
-        if getattr(owner, name) is thread:  # not a newer iteration's
+        thread.stop(wait)
+        if wait and getattr(owner, name) is thread:  # not a newer iteration's
             setattr(owner, name, None)
 
 
@@ -293,15 +293,15 @@ class Loader:
                 raise self._generations.ended() from e
             raise
         finally:
+            # The iteration's own end (exhausted, raised, Ctrl-C, abandoned: maybe a finalizer, on a thread holding
+            # any lock) waits for no thread and no unit in flight; a new iter() or an explicit close() waits.
             try:
-                if builder is not None:  # (``tail.builder`` is cleared by restore(), _close below or a newer iter())
-                    builder.stop()  # it stops at once: it waits only on the lock, which stop() notifies
+                if builder is not None:
+                    builder.stop(wait=False)
                 else:  # the builder closes what it runs
                     items.close()
-            finally:  # a Ctrl-C while the builder is joined still stops the dispatcher and the workers
+            finally:  # a Ctrl-C in the builder's stop still stops the dispatcher and the workers
                 if self._runner_iteration == generation:
-                    # The iteration's own end (exhausted, raised, Ctrl-C, abandoned) never waits for units in flight:
-                    # a worker stuck in a slow read must not hold the exception back. An explicit close() waits.
                     self._close(wait=False)
 
     # -- what the tail multiplexer (engine/tail.py) reads of the lanes --------------------------------
@@ -382,10 +382,10 @@ class Loader:
         if self._runner_iteration == self._generations.current:
             self._generations.bump("close()")  # the open iterator ends at its next micro-batch, saying why
         try:  # each stop runs even when an interrupt ends the one before
-            _stop(self.tail, "builder")
+            _stop(self.tail, "builder", wait)
         finally:
             try:
-                _stop(self, "_dispatcher")
+                _stop(self, "_dispatcher", wait)
             finally:
                 runner = self._runner
                 if runner is not None and self._owns_runner:
