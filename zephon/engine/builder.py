@@ -26,13 +26,10 @@ import threading
 from collections import deque
 from typing import NamedTuple
 
-from .wake import Wake, join_stopped
+from .wake import IDLE_S, Wake, join_stopped
 
 log = logging.getLogger("zephon")
 
-# How long a wait sleeps before it looks again whether the builder was stopped or its thread died (every hand-over
-# wakes a waiting builder, so this only bounds how late a wait notices what it was not told).
-IDLE_S = 1.0
 _END = object()
 
 

@@ -25,13 +25,9 @@ import logging
 import threading
 from contextlib import contextmanager, nullcontext
 
-from .wake import Wake, join_stopped
+from .wake import IDLE_S, Wake, join_stopped
 
 log = logging.getLogger("zephon")
-
-# How long the dispatcher sleeps when nothing wakes it (it is woken by every finished unit and every micro-batch built,
-# so this only bounds how late it notices a stop it was not told about).
-IDLE_S = 1.0
 
 
 def work_inline(lanes: dict, order: list[int], runner, priority: int, need: float, through: int) -> None:

@@ -11,6 +11,10 @@ import threading
 
 log = logging.getLogger("zephon")
 
+# How long a waiting thread (the dispatcher, the builder, a consumer waiting for either) sleeps before it looks again
+# whether it was stopped or the other side died: every finished unit, hand-over and stop wakes it, so this only bounds
+# how late it notices what it was not told.
+IDLE_S = 1.0
 # How long close() waits for the dispatcher or the builder thread to leave (the dispatcher finishes the unit it is
 # absorbing or the chunk it is computing, the builder the micro-batch it builds, then checks; neither waits on the
 # lock past a stop).
